@@ -1,0 +1,45 @@
+// Command node-cache is a CoreDNS build for a Kubernetes NodeLocal DNSCache.
+//
+// It compiles in only the plugins a node cache needs plus the nodelocaldns plugins, and executes them in
+// the order of the repository's plugin.cfg. Flags and behaviour are CoreDNS's own (-conf, -dns.port,
+// -pidfile, SIGUSR1 reload, SIGTERM shutdown).
+package main
+
+import (
+	"log"
+
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	// The plugins a node cache needs; nodeCachePlugins in main_test.go lists them again on purpose.
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/bufsize"
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/debug"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/file"
+	_ "github.com/coredns/coredns/plugin/forward"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/hosts"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/loop"
+	_ "github.com/coredns/coredns/plugin/metrics"
+	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/reload"
+	_ "github.com/coredns/coredns/plugin/rewrite"
+	_ "github.com/coredns/coredns/plugin/template"
+	_ "github.com/coredns/coredns/plugin/timeouts"
+	_ "github.com/coredns/coredns/plugin/whoami"
+)
+
+func main() {
+	directives, err := compiledDirectives()
+	if err != nil {
+		log.Fatalf("node-cache: %v", err)
+	}
+	if err := dnsserver.SetDirectives(directives); err != nil {
+		log.Fatalf("node-cache: setting the directive order: %v", err)
+	}
+	coremain.Run()
+}
