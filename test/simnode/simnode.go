@@ -1,0 +1,426 @@
+// Package simnode builds a simulated Kubernetes node out of network namespaces, for end-to-end tests of the
+// node cache that must not touch the machine's own network.
+//
+// The layout mirrors a node running kube-proxy in iptables mode:
+//
+//	pod  (10.244.0.2) --veth-- node (10.244.0.1)       ClusterFirst client; resolv.conf -> 10.96.0.10
+//	dns  (10.244.1.2) --veth-- node (10.244.1.1)       the cluster-DNS Pod (CoreDNS serving cluster.local)
+//	ext  (192.0.2.53) --veth-- node (192.0.2.1)        the node's upstream resolver, for names outside the cluster
+//
+// In the node namespace, kube-proxy-style nat rules DNAT the kube-dns ClusterIP (10.96.0.10) and the
+// kube-dns-upstream ClusterIP (10.96.0.11) to the cluster-DNS Pod, for Pod traffic (PREROUTING) and for
+// host-network traffic (OUTPUT). Every address above exists only inside namespaces the test created, and
+// every namespace, file and process is removed in t.Cleanup, also when the test fails.
+package simnode
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
+)
+
+// Addresses of the simulated node. They live only inside the namespaces a Node creates.
+const (
+	PodIP             = "10.244.0.2"
+	NodePodSideIP     = "10.244.0.1"
+	ClusterDNSPodIP   = "10.244.1.2"
+	NodeDNSSideIP     = "10.244.1.1"
+	ExtResolverIP     = "192.0.2.53"
+	NodeExtSideIP     = "192.0.2.1"
+	KubeDNSClusterIP  = "10.96.0.10"
+	UpstreamClusterIP = "10.96.0.11"
+	LinkLocalIP       = "169.254.20.10"
+	ClusterDomain     = "cluster.local"
+)
+
+// Tools lists the commands a Node needs on PATH.
+var Tools = []string{"ip", "iptables", "conntrack", "sysctl"}
+
+// sequence keeps namespace names unique among the Nodes of one test binary.
+var sequence atomic.Int32
+
+// Node is one simulated node: four namespaces, the links between them and kube-proxy's DNAT rules.
+type Node struct {
+	// NodeNS, PodNS, DNSNS and ExtNS are the `ip netns` names of the namespaces.
+	NodeNS, PodNS, DNSNS, ExtNS string
+
+	t testing.TB
+}
+
+// New builds a simulated node and registers its removal with t.Cleanup.
+func New(t testing.TB) *Node {
+	t.Helper()
+	privtest.RequirePrivileged(t, Tools...)
+	prefix := fmt.Sprintf("sn%d-%d", os.Getpid()%100000, sequence.Add(1))
+	n := &Node{
+		NodeNS: prefix + "-node",
+		PodNS:  prefix + "-pod",
+		DNSNS:  prefix + "-dns",
+		ExtNS:  prefix + "-ext",
+		t:      t,
+	}
+	t.Cleanup(n.remove)
+	for _, ns := range []string{n.NodeNS, n.PodNS, n.DNSNS, n.ExtNS} {
+		n.mustIP("netns", "add", ns)
+		n.mustIn(ns, "ip", "link", "set", "lo", "up")
+	}
+	n.connect(n.PodNS, "pod", PodIP, NodePodSideIP)
+	n.connect(n.DNSNS, "dns", ClusterDNSPodIP, NodeDNSSideIP)
+	n.connect(n.ExtNS, "ext", ExtResolverIP, NodeExtSideIP)
+	// The node's default route points at the ext namespace, as a real node's points at its gateway: the
+	// ClusterIPs need a route for host-network traffic before nat OUTPUT rewrites them.
+	n.mustIn(n.NodeNS, "ip", "route", "add", "default", "via", ExtResolverIP)
+	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	n.installKubeProxyRules()
+	n.writePodResolvConf()
+	return n
+}
+
+// connect joins namespace ns to the node namespace with a veth pair: ns gets ip/24 and a default route via
+// nodeIP, the node side gets nodeIP/24.
+func (n *Node) connect(ns, name, ip, nodeIP string) {
+	// Interface names are per namespace, but the pair is created in the node namespace first.
+	nodeSide, otherSide := "to-"+name, "eth0"
+	n.mustIn(n.NodeNS, "ip", "link", "add", nodeSide, "type", "veth", "peer", "name", "tmp-"+name)
+	n.mustIn(n.NodeNS, "ip", "link", "set", "tmp-"+name, "netns", ns)
+	n.mustIn(ns, "ip", "link", "set", "tmp-"+name, "name", otherSide)
+	n.mustIn(n.NodeNS, "ip", "addr", "add", nodeIP+"/24", "dev", nodeSide)
+	n.mustIn(ns, "ip", "addr", "add", ip+"/24", "dev", otherSide)
+	n.mustIn(n.NodeNS, "ip", "link", "set", nodeSide, "up")
+	n.mustIn(ns, "ip", "link", "set", otherSide, "up")
+	n.mustIn(ns, "ip", "route", "add", "default", "via", nodeIP)
+}
+
+// installKubeProxyRules writes nat rules shaped like kube-proxy's iptables mode for the two DNS Services.
+func (n *Node) installKubeProxyRules() {
+	var rules strings.Builder
+	rules.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-KUBEDNS - [0:0]\n")
+	rules.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	rules.WriteString("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	for _, ip := range []string{KubeDNSClusterIP, UpstreamClusterIP} {
+		for _, proto := range []string{"udp", "tcp"} {
+			fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p %s -m %s --dport 53 -j KUBE-SVC-KUBEDNS\n", ip, proto, proto)
+		}
+	}
+	for _, proto := range []string{"udp", "tcp"} {
+		fmt.Fprintf(&rules, "-A KUBE-SVC-KUBEDNS -p %s -m %s -j DNAT --to-destination %s:53\n", proto, proto, ClusterDNSPodIP)
+	}
+	rules.WriteString("COMMIT\n")
+	cmd := n.command(context.Background(), n.NodeNS, "iptables-restore", "--noflush")
+	cmd.Stdin = strings.NewReader(rules.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		n.t.Fatalf("simnode: installing kube-proxy rules: %v: %s", err, out)
+	}
+}
+
+// writePodResolvConf gives the Pod namespace the resolv.conf of a ClusterFirst Pod; `ip netns exec` mounts
+// /etc/netns/<ns>/resolv.conf over /etc/resolv.conf for every command it runs there.
+func (n *Node) writePodResolvConf() {
+	dir := filepath.Join("/etc/netns", n.PodNS)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		n.t.Fatalf("simnode: %v", err)
+	}
+	conf := fmt.Sprintf("nameserver %s\nsearch default.svc.%[2]s svc.%[2]s %[2]s\noptions ndots:5\n",
+		KubeDNSClusterIP, ClusterDomain)
+	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(conf), 0o644); err != nil {
+		n.t.Fatalf("simnode: %v", err)
+	}
+}
+
+// remove deletes the namespaces and the Pod's /etc/netns directory. Processes started with Start are
+// killed by their own cleanups, which run before this one.
+func (n *Node) remove() {
+	for _, ns := range []string{n.PodNS, n.DNSNS, n.ExtNS, n.NodeNS} {
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil &&
+			!strings.Contains(string(out), "No such file") {
+			n.t.Errorf("simnode: deleting namespace %s: %v: %s", ns, err, out)
+		}
+	}
+	_ = os.RemoveAll(filepath.Join("/etc/netns", n.PodNS))
+}
+
+// command returns a command that runs name in namespace ns. `ip netns exec` execs name in place, so the
+// command's PID is name's PID.
+func (n *Node) command(ctx context.Context, ns, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
+}
+
+// In runs name in namespace ns and returns its combined output.
+func (n *Node) In(ctx context.Context, ns, name string, args ...string) (string, error) {
+	out, err := n.command(ctx, ns, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s in %s: %w: %s", strings.Join(append([]string{name}, args...), " "), ns, err, out)
+	}
+	return string(out), nil
+}
+
+func (n *Node) mustIn(ns, name string, args ...string) string {
+	n.t.Helper()
+	out, err := n.In(context.Background(), ns, name, args...)
+	if err != nil {
+		n.t.Fatalf("simnode: %v", err)
+	}
+	return out
+}
+
+func (n *Node) mustIP(args ...string) {
+	n.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		n.t.Fatalf("simnode: ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// Process is a command started in one of the node's namespaces.
+type Process struct {
+	Cmd *exec.Cmd
+
+	mu     sync.Mutex
+	output bytes.Buffer
+	done   chan struct{}
+	err    error
+}
+
+// Output returns everything the process printed so far, stdout and stderr interleaved.
+func (p *Process) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.output.String()
+}
+
+// Write lets the process's stdout and stderr land in its buffer.
+func (p *Process) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.output.Write(b)
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig os.Signal) error { return p.Cmd.Process.Signal(sig) }
+
+// Wait waits up to timeout for the process to exit and returns its exit error.
+func (p *Process) Wait(timeout time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		return fmt.Errorf("pid %d still running after %v", p.Cmd.Process.Pid, timeout)
+	}
+}
+
+// Exited reports whether the process has exited.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Start runs name in namespace ns in the background. A cleanup kills it (by its PID) if it is still running
+// when the test ends, and logs its output when the test failed.
+func (n *Node) Start(ns, name string, args ...string) *Process {
+	n.t.Helper()
+	p := &Process{done: make(chan struct{})}
+	p.Cmd = n.command(context.Background(), ns, name, args...)
+	p.Cmd.Stdout, p.Cmd.Stderr = p, p
+	if err := p.Cmd.Start(); err != nil {
+		n.t.Fatalf("simnode: starting %s in %s: %v", name, ns, err)
+	}
+	go func() {
+		p.err = p.Cmd.Wait()
+		close(p.done)
+	}()
+	n.t.Cleanup(func() {
+		if !p.Exited() {
+			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+			<-p.done
+		}
+		if n.t.Failed() {
+			n.t.Logf("output of %s in %s (pid %d):\n%s", name, ns, p.Cmd.Process.Pid, p.Output())
+		}
+	})
+	return p
+}
+
+// Do runs fn on an OS thread that has entered namespace ns. Sockets created inside fn belong to ns and may
+// be used from any goroutine afterwards.
+func (n *Node) Do(ns string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// The thread is never unlocked: the Go runtime then retires it instead of reusing it for other
+		// goroutines, so no other code ever runs in ns by accident, even if restoring the namespace fails.
+		runtime.LockOSThread()
+		target, err := netns.GetFromName(ns)
+		if err != nil {
+			errc <- fmt.Errorf("opening namespace %s: %w", ns, err)
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("entering namespace %s: %w", ns, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// Exchange sends m to server (ip:port) from namespace ns, over UDP or TCP as network says.
+func (n *Node) Exchange(ns, network string, m *dns.Msg, server string) (*dns.Msg, error) {
+	var conn *dns.Conn
+	err := n.Do(ns, func() error {
+		c, err := net.DialTimeout(network, server, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		conn = &dns.Conn{Conn: c}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dialing %s/%s from %s: %w", server, network, ns, err)
+	}
+	defer conn.Close()
+	client := &dns.Client{Net: network, Timeout: 2 * time.Second}
+	r, _, err := client.ExchangeWithConn(m, conn)
+	if err != nil {
+		return nil, fmt.Errorf("query %s to %s/%s from %s: %w", m.Question[0].Name, server, network, ns, err)
+	}
+	return r, nil
+}
+
+// Query asks server for name and qtype from namespace ns.
+func (n *Node) Query(ns, network, server, name string, qtype uint16) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), qtype)
+	return n.Exchange(ns, network, m, server)
+}
+
+// ConntrackEntries returns the conntrack entries of the node namespace whose original direction goes to
+// dst:53 over proto.
+func (n *Node) ConntrackEntries(proto, dst string) ([]string, error) {
+	out, err := n.In(context.Background(), n.NodeNS, "conntrack", "-L", "-p", proto, "--orig-dst", dst, "--dport", "53")
+	if err != nil {
+		return nil, err
+	}
+	var entries []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, proto) {
+			entries = append(entries, line)
+		}
+	}
+	return entries, nil
+}
+
+// FlushConntrack empties the node namespace's conntrack table.
+func (n *Node) FlushConntrack() error {
+	_, err := n.In(context.Background(), n.NodeNS, "conntrack", "-F")
+	return err
+}
+
+// WaitForDNS polls server from namespace ns until it answers a query for name or the timeout passes.
+func (n *Node) WaitForDNS(ns, network, server, name string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := n.Query(ns, network, server, name, dns.TypeA)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no answer from %s within %v: %w", server, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// BuildNodeCache builds examples/node-cache into dir and returns the binary's path. Tests call it once,
+// from TestMain, and use the binary for the cluster-DNS Pod, the node's resolver and the node cache alike.
+func BuildNodeCache(ctx context.Context, dir string) (string, error) {
+	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the module root: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(gomod)))
+	binary := filepath.Join(dir, "node-cache")
+	build := exec.CommandContext(ctx, "go", "build", "-o", binary, "./examples/node-cache")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building examples/node-cache: %w: %s", err, out)
+	}
+	return binary, nil
+}
+
+// ClusterZone is the cluster.local zone the cluster-DNS Pod serves. kubernetes.default.svc has a long TTL so
+// that a node cache in front answers repeats from its cache.
+const ClusterZone = `$ORIGIN cluster.local.
+@                          3600 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30
+@                          3600 IN NS  ns.dns.cluster.local.
+ns.dns                     3600 IN A   10.96.0.10
+kubernetes.default.svc     3600 IN A   10.96.0.1
+kube-dns.kube-system.svc   3600 IN A   10.96.0.10
+web.default.svc            3600 IN A   10.244.2.7
+web.default.svc            3600 IN AAAA fd00:10:244:2::7
+`
+
+// ExternalAnswer is the address the node's upstream resolver gives every A query outside the cluster.
+const ExternalAnswer = "192.0.2.80"
+
+// StartClusterDNS runs the cluster-DNS Pod: binary (a node-cache build) serving ClusterZone on
+// ClusterDNSPodIP:53, logging every query so tests can count what reached it.
+func (n *Node) StartClusterDNS(binary string) *Process {
+	n.t.Helper()
+	dir := n.t.TempDir()
+	zone := filepath.Join(dir, "cluster.local.db")
+	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    log\n    file %s\n}\n", ClusterDNSPodIP, zone)
+	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{zone: ClusterZone}, ClusterDNSPodIP)
+}
+
+// StartExternalResolver runs the node's upstream resolver in the ext namespace: it answers every A query
+// with ExternalAnswer and logs every query.
+func (n *Node) StartExternalResolver(binary string) *Process {
+	n.t.Helper()
+	dir := n.t.TempDir()
+	corefile := fmt.Sprintf(".:53 {\n    bind %s\n    log\n    template IN A {\n        answer \"{{ .Name }} 60 IN A %s\"\n    }\n}\n",
+		ExtResolverIP, ExternalAnswer)
+	return n.startCoreDNS(binary, n.ExtNS, dir, corefile, nil, ExtResolverIP)
+}
+
+func (n *Node) startCoreDNS(binary, ns, dir, corefile string, files map[string]string, listen string) *Process {
+	n.t.Helper()
+	if files == nil {
+		files = map[string]string{}
+	}
+	files[filepath.Join(dir, "Corefile")] = corefile
+	for path, content := range files {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			n.t.Fatalf("simnode: %v", err)
+		}
+	}
+	p := n.Start(ns, binary, "-conf", filepath.Join(dir, "Corefile"))
+	probe := "kubernetes.default.svc.cluster.local"
+	if err := n.WaitForDNS(ns, "udp", net.JoinHostPort(listen, "53"), probe, 10*time.Second); err != nil {
+		n.t.Fatalf("simnode: CoreDNS in %s: %v\n%s", ns, err, p.Output())
+	}
+	return p
+}
+
+// CountQueries counts the queries for name (a FQDN) over proto ("udp" or "tcp") in a CoreDNS log.
+func CountQueries(log, name, proto string) int {
+	return strings.Count(strings.ToLower(log), " in "+strings.ToLower(dns.Fqdn(name))+" "+proto+" ")
+}

@@ -1,0 +1,89 @@
+package simnode
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+var nodeCache string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "simnode")
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	nodeCache, err = BuildNodeCache(ctx, dir)
+	cancel()
+	if err != nil {
+		os.RemoveAll(dir)
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// TestWithoutCacheLookupsAreDNATed checks the simulated node itself: with no node cache, a Pod's lookup to
+// the kube-dns ClusterIP is DNATed to the cluster-DNS Pod and leaves a conntrack entry per lookup, which is
+// the behaviour the node cache exists to remove.
+func TestWithoutCacheLookupsAreDNATed(t *testing.T) {
+	n := New(t)
+	clusterDNS := n.StartClusterDNS(nodeCache)
+
+	if err := n.FlushConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	const lookups = 3
+	for range lookups {
+		// getent in the Pod uses glibc's resolver with the Pod's resolv.conf: a fresh source port each time.
+		out, err := n.In(context.Background(), n.PodNS, "getent", "hosts", "kubernetes.default")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(out, "10.96.0.1 ") {
+			t.Fatalf("getent hosts kubernetes.default = %q, want 10.96.0.1", out)
+		}
+	}
+	entries, err := n.ConntrackEntries("udp", KubeDNSClusterIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) < lookups {
+		t.Errorf("conntrack has %d entries to %s:53, want at least %d (one per lookup):\n%s",
+			len(entries), KubeDNSClusterIP, lookups, strings.Join(entries, "\n"))
+	}
+	if got := CountQueries(clusterDNS.Output(), "kubernetes.default.svc.cluster.local", "udp"); got < lookups {
+		t.Errorf("cluster DNS saw %d UDP queries, want at least %d", got, lookups)
+	}
+
+	// Host-network traffic to the kube-dns-upstream ClusterIP takes kube-proxy's OUTPUT path, as the node
+	// cache's own TCP forwards will.
+	r, err := n.Query(n.NodeNS, "tcp", UpstreamClusterIP+":53", "kubernetes.default.svc.cluster.local", dns.TypeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Answer) != 1 {
+		t.Fatalf("answer through %s: %v", UpstreamClusterIP, r)
+	}
+}
+
+func TestExternalResolverAnswersOutsideNames(t *testing.T) {
+	n := New(t)
+	ext := n.StartExternalResolver(nodeCache)
+	r, err := n.Query(n.NodeNS, "udp", ExtResolverIP+":53", "example.org", dns.TypeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != ExternalAnswer {
+		t.Fatalf("answer = %v, want %s", r.Answer, ExternalAnswer)
+	}
+	if got := CountQueries(ext.Output(), "example.org", "udp"); got != 1 {
+		t.Errorf("external resolver logged %d queries for example.org, want 1:\n%s", got, ext.Output())
+	}
+}
