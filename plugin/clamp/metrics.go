@@ -1,0 +1,82 @@
+package clamp
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/coredns/coredns/plugin"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+var (
+	// ttlRaised counts TTLs moved up to the window's minimum.
+	ttlRaised = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "ttl_raised_total",
+		Help:      "The count of TTLs raised to the window's minimum.",
+	}, []string{"server", "window"})
+	// ttlLowered counts TTLs moved down to the window's maximum.
+	ttlLowered = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "ttl_lowered_total",
+		Help:      "The count of TTLs lowered to the window's maximum.",
+	}, []string{"server", "window"})
+)
+
+// serverCounters are the counters of one server, indexed by kind.
+type serverCounters struct {
+	raised  [len(windowLabels)]prometheus.Counter
+	lowered [len(windowLabels)]prometheus.Counter
+}
+
+// counterSet hands out the labelled counters of each server, looking the labels up once per server
+// instead of once per response. Reads are lock-free; the map is replaced when a server is added.
+type counterSet struct {
+	mu       sync.Mutex
+	byServer atomic.Pointer[map[string]*serverCounters]
+}
+
+func (cs *counterSet) add(server string, k kind, t tally) {
+	sc := cs.get(server)
+	if t.raised > 0 {
+		sc.raised[k].Add(float64(t.raised))
+	}
+	if t.lowered > 0 {
+		sc.lowered[k].Add(float64(t.lowered))
+	}
+}
+
+func (cs *counterSet) get(server string) *serverCounters {
+	if m := cs.byServer.Load(); m != nil {
+		if sc, ok := (*m)[server]; ok {
+			return sc
+		}
+	}
+
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	old := cs.byServer.Load()
+	if old != nil {
+		if sc, ok := (*old)[server]; ok {
+			return sc
+		}
+	}
+	sc := &serverCounters{}
+	for _, k := range []kind{success, denial} {
+		sc.raised[k] = ttlRaised.WithLabelValues(server, windowLabels[k])
+		sc.lowered[k] = ttlLowered.WithLabelValues(server, windowLabels[k])
+	}
+	next := make(map[string]*serverCounters, 1)
+	if old != nil {
+		for s, c := range *old {
+			next[s] = c
+		}
+	}
+	next[server] = sc
+	cs.byServer.Store(&next)
+	return sc
+}
