@@ -31,6 +31,8 @@ import (
 	_ "github.com/coredns/coredns/plugin/template"
 	_ "github.com/coredns/coredns/plugin/timeouts"
 	_ "github.com/coredns/coredns/plugin/whoami"
+
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
 )
 
 func main() {
