@@ -1,6 +1,7 @@
 package nodelocaldns
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -100,5 +101,24 @@ func TestParsePluginCfgRejectsWhatGenerateWouldDrop(t *testing.T) {
 	want := []Plugin{{"bind", "github.com/coredns/coredns/plugin/bind"}, {"x", "example.com/x"}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// TestPluginCfgNamesOnlyPackagesThatExist keeps `go generate` in a CoreDNS checkout working: an entry for a
+// plugin of ours that is not in this repository would break that build.
+func TestPluginCfgNamesOnlyPackagesThatExist(t *testing.T) {
+	plugins, err := Plugins()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const module = "github.com/nodelocaldns/nodelocaldns/"
+	for _, p := range plugins {
+		dir, ours := strings.CutPrefix(p.Package, module)
+		if !ours {
+			continue
+		}
+		if files, _ := filepath.Glob(filepath.Join(filepath.FromSlash(dir), "setup.go")); len(files) == 0 {
+			t.Errorf("plugin.cfg lists %s, but %s/setup.go does not exist", p.Name, dir)
+		}
 	}
 }
