@@ -1,0 +1,80 @@
+package wirecache
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/coredns/coredns/plugin"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+var (
+	hitsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "hits_total",
+		Help:      "Counter of queries answered from wirecache, without the plugins after it.",
+	}, []string{"server"})
+	missesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "misses_total",
+		Help:      "Counter of queries in wirecache's zones that it passed to the plugins after it.",
+	}, []string{"server"})
+	entriesGauge = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "entries",
+		Help:      "The number of answers wirecache holds.",
+	}, []string{"server"})
+)
+
+// serverMetrics are one server's metrics, resolved from their label once.
+type serverMetrics struct {
+	addr    string
+	hits    prometheus.Counter
+	misses  prometheus.Counter
+	entries prometheus.Gauge
+}
+
+// serverMetricsSet finds a server's metrics without a label lookup: a server block has one or a few servers
+// (listen addresses), so a hit scans a short copy-on-write list.
+type serverMetricsSet struct {
+	list atomic.Pointer[[]*serverMetrics]
+	mu   sync.Mutex // serializes additions to list
+}
+
+func (s *serverMetricsSet) forServer(ctx context.Context) *serverMetrics {
+	addr := serverAddr(ctx)
+	if list := s.list.Load(); list != nil {
+		for _, m := range *list {
+			if m.addr == addr {
+				return m
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var list []*serverMetrics
+	if p := s.list.Load(); p != nil {
+		list = *p
+		for _, m := range list {
+			if m.addr == addr {
+				return m
+			}
+		}
+	}
+	m := &serverMetrics{
+		addr:    addr,
+		hits:    hitsTotal.WithLabelValues(addr),
+		misses:  missesTotal.WithLabelValues(addr),
+		entries: entriesGauge.WithLabelValues(addr),
+	}
+	list = append(slices.Clip(list), m)
+	s.list.Store(&list)
+	return m
+}

@@ -1,0 +1,141 @@
+package wirecache
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/coredns/coredns/plugin/pkg/transport"
+)
+
+var log = clog.NewWithPlugin(pluginName)
+
+func init() { plugin.Register(pluginName, setup) }
+
+func setup(c *caddy.Controller) error {
+	wc, err := parse(c)
+	if err != nil {
+		return plugin.Error(pluginName, err)
+	}
+
+	block := strings.Join(c.ServerBlockKeys, " ")
+	c.OnStartup(func() error {
+		// The plugin chain is compiled by now, so the handlers of the whole block are known.
+		if reasons := stepAsideReasons(dnsserver.GetConfig(c)); len(reasons) > 0 {
+			wc.stepAside = true
+			log.Warningf("server block %q: %s; wirecache steps aside there and every query goes through the plugin chain",
+				block, strings.Join(reasons, "; "))
+		}
+		return nil
+	})
+
+	dnsserver.GetConfig(c).AddPlugin(func(next plugin.Handler) plugin.Handler {
+		wc.Next = next
+		return wc
+	})
+
+	return nil
+}
+
+// everyQueryPlugins are the plugins that must see every query of their block, either to do their job
+// (log, dnstap) or because the answer depends on the client or on the query's arrival (acl, tsig, whoami,
+// loadbalance, autopath, firewall, erratic). A hit would hide the query from them.
+var everyQueryPlugins = []string{"log", "dnstap", "acl", "tsig", "whoami", "loadbalance", "autopath", "firewall", "erratic"}
+
+// stepAsideReasons says why wirecache must not answer queries in the server block of cfg; none means it may.
+func stepAsideReasons(cfg *dnsserver.Config) []string {
+	var reasons []string
+	for _, name := range everyQueryPlugins {
+		if cfg.Handler(name) != nil {
+			reasons = append(reasons, name+" must see every query")
+		}
+	}
+	if cfg.ViewName != "" || len(cfg.FilterFuncs) > 0 {
+		reasons = append(reasons, "view selects the block per query")
+	}
+	if cfg.UDPDecorateWriterFunc != nil {
+		// miekg/dns sends bytes written with Write past the decorator, and shed relies on seeing every reply.
+		reasons = append(reasons, "a UDP writer decorator (shed) must see every reply")
+	}
+	if cfg.Transport != transport.DNS {
+		reasons = append(reasons, fmt.Sprintf("transport %s is not plain DNS over UDP and TCP", cfg.Transport))
+	}
+	return reasons
+}
+
+// maxTTL is the largest TTL RFC 2181 section 8 allows.
+const maxTTL = math.MaxInt32
+
+func parse(c *caddy.Controller) (*WireCache, error) {
+	wc := New()
+
+	i := 0
+	for c.Next() {
+		if i > 0 {
+			return nil, plugin.ErrOnce
+		}
+		i++
+
+		// wirecache [ZONES...]
+		wc.Zones = plugin.OriginsFromArgsOrServerBlock(c.RemainingArgs(), c.ServerBlockKeys)
+
+		seen := map[string]bool{}
+		for c.NextBlock() {
+			property := c.Val()
+			if seen[property] {
+				return nil, c.Errf("property '%s' given twice", property)
+			}
+			seen[property] = true
+			args := c.RemainingArgs()
+			switch property {
+			case "capacity":
+				if len(args) != 1 {
+					return nil, c.ArgErr()
+				}
+				capacity, err := strconv.Atoi(args[0])
+				if err != nil || capacity <= 0 {
+					return nil, c.Errf("capacity must be a positive number of entries, got %q", args[0])
+				}
+				wc.Capacity = capacity
+			case "ttl":
+				if len(args) != 2 {
+					return nil, c.ArgErr()
+				}
+				minTTL, err := parseSeconds(args[0])
+				if err != nil {
+					return nil, c.Errf("ttl MIN: %v", err)
+				}
+				maxTTL, err := parseSeconds(args[1])
+				if err != nil {
+					return nil, c.Errf("ttl MAX: %v", err)
+				}
+				if maxTTL == 0 {
+					return nil, c.Err("ttl MAX must be at least 1 second")
+				}
+				if minTTL > maxTTL {
+					return nil, c.Errf("ttl MIN (%s) is larger than MAX (%s)", args[0], args[1])
+				}
+				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
+			default:
+				return nil, c.Errf("unknown property '%s'", property)
+			}
+		}
+	}
+	wc.init()
+	return wc, nil
+}
+
+// parseSeconds parses a TTL in seconds, as the cache plugin's windows take it.
+func parseSeconds(s string) (time.Duration, error) {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || n > maxTTL {
+		return 0, fmt.Errorf("%q is not a number of seconds from 0 to %d", s, maxTTL)
+	}
+	return time.Duration(n) * time.Second, nil
+}

@@ -1,0 +1,136 @@
+package wirecache
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+
+	"github.com/miekg/dns"
+)
+
+func TestSetup(t *testing.T) {
+	tests := []struct {
+		input    string
+		keys     []string
+		wantErr  string
+		zones    []string
+		capacity int
+		min, max time.Duration
+		allZones bool
+	}{
+		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
+		{input: "wirecache", keys: []string{"cluster.local:53"}, zones: []string{"cluster.local."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
+		{input: "wirecache example.org example.net", zones: []string{"example.org.", "example.net."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
+		{input: "wirecache {\n capacity 50\n ttl 5 30\n}", zones: []string{"."}, capacity: 50, min: 5 * time.Second, max: 30 * time.Second, allZones: true},
+		{input: "wirecache {\n ttl 0 1\n}", zones: []string{"."}, capacity: DefaultCapacity, max: time.Second, allZones: true},
+		{input: "wirecache {\n capacity 0\n}", wantErr: "capacity must be a positive"},
+		{input: "wirecache {\n capacity -3\n}", wantErr: "capacity must be a positive"},
+		{input: "wirecache {\n capacity ten\n}", wantErr: "capacity must be a positive"},
+		{input: "wirecache {\n capacity\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n capacity 1 2\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n ttl 5\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n ttl 30 5\n}", wantErr: "larger than MAX"},
+		{input: "wirecache {\n ttl 0 0\n}", wantErr: "at least 1 second"},
+		{input: "wirecache {\n ttl -1 5\n}", wantErr: "not a number of seconds"},
+		{input: "wirecache {\n ttl 1 2147483648\n}", wantErr: "not a number of seconds"},
+		{input: "wirecache {\n ttl 1 5s\n}", wantErr: "not a number of seconds"},
+		{input: "wirecache {\n capacity 5\n capacity 6\n}", wantErr: "given twice"},
+		{input: "wirecache {\n prefetch 5\n}", wantErr: "unknown property 'prefetch'"},
+		{input: "wirecache\nwirecache", wantErr: plugin.ErrOnce.Error()},
+	}
+	for _, tc := range tests {
+		t.Run(tc.input, func(t *testing.T) {
+			c := caddy.NewTestController("dns", tc.input)
+			c.ServerBlockKeys = tc.keys
+			if c.ServerBlockKeys == nil {
+				c.ServerBlockKeys = []string{"."}
+			}
+			wc, err := parse(c)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(wc.Zones, tc.zones) || wc.Capacity != tc.capacity || wc.MinTTL != tc.min || wc.MaxTTL != tc.max {
+				t.Errorf("got zones %v capacity %d ttl %v..%v", wc.Zones, wc.Capacity, wc.MinTTL, wc.MaxTTL)
+			}
+			if wc.allZones != tc.allZones {
+				t.Errorf("allZones %v, want %v", wc.allZones, tc.allZones)
+			}
+			if wc.store.len() != 0 || len(wc.store.shards) == 0 {
+				t.Error("store not initialized")
+			}
+		})
+	}
+}
+
+func TestSetupAddsPlugin(t *testing.T) {
+	c := caddy.NewTestController("dns", "wirecache")
+	if err := setup(c); err != nil {
+		t.Fatal(err)
+	}
+	plugins := dnsserver.GetConfig(c).Plugin
+	if len(plugins) != 1 {
+		t.Fatalf("%d plugins added, want 1", len(plugins))
+	}
+	if h := plugins[0](nil); h.Name() != pluginName {
+		t.Errorf("handler %q added", h.Name())
+	}
+	if err := setup(caddy.NewTestController("dns", "wirecache {\n bogus\n}")); err == nil || !strings.HasPrefix(err.Error(), "plugin/wirecache") {
+		t.Errorf("error %v, want a plugin/wirecache error", err)
+	}
+}
+
+// named is a handler that only has a name, standing in for a plugin of the server block.
+type named string
+
+func (n named) ServeDNS(context.Context, dns.ResponseWriter, *dns.Msg) (int, error) { return 0, nil }
+func (n named) Name() string                                                        { return string(n) }
+
+func TestStepAsideReasons(t *testing.T) {
+	config := func(names ...string) *dnsserver.Config {
+		cfg := &dnsserver.Config{Zone: ".", Port: "0", Transport: "dns"}
+		for _, name := range names {
+			cfg.AddPlugin(func(next plugin.Handler) plugin.Handler { return named(name) })
+		}
+		// NewServer compiles the chain and registers each handler under its name, as caddy does before
+		// OnStartup.
+		if _, err := dnsserver.NewServer("dns://127.0.0.1:0", []*dnsserver.Config{cfg}); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	for _, name := range everyQueryPlugins {
+		if reasons := stepAsideReasons(config(pluginName, "cache", name, "forward")); len(reasons) != 1 || !strings.HasPrefix(reasons[0], name) {
+			t.Errorf("block with %s: reasons %q", name, reasons)
+		}
+	}
+	if reasons := stepAsideReasons(config(pluginName, "prometheus", "errors", "clamp", "cache", "forward")); len(reasons) != 0 {
+		t.Errorf("node-cache block: reasons %q, want none", reasons)
+	}
+	view := config(pluginName, "cache")
+	view.ViewName = "internal"
+	if reasons := stepAsideReasons(view); len(reasons) != 1 || !strings.Contains(reasons[0], "view") {
+		t.Errorf("block with a view: reasons %q", reasons)
+	}
+	shed := config(pluginName, "cache")
+	shed.UDPDecorateWriterFunc = func(*dnsserver.Server) dns.DecorateWriter { return nil }
+	if reasons := stepAsideReasons(shed); len(reasons) != 1 || !strings.Contains(reasons[0], "shed") {
+		t.Errorf("block with shed: reasons %q", reasons)
+	}
+	tls := config(pluginName, "cache")
+	tls.Transport = "tls"
+	if reasons := stepAsideReasons(tls); len(reasons) != 1 || !strings.Contains(reasons[0], "transport tls") {
+		t.Errorf("DNS over TLS block: reasons %q", reasons)
+	}
+}

@@ -1,0 +1,202 @@
+// Package wirecache implements a plugin that answers repeated queries from replies it packed once.
+//
+// Placed ahead of metrics, errors, log and cache, it lets a miss through the plugin chain, records the reply
+// the chain writes and keeps it in wire format. A hit copies those bytes, patches in the query's ID, RD and CD
+// bits and question name case, counts the TTLs down and writes the result once, without a dns.Msg, a copy of
+// the records or a pack.
+package wirecache
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+	"github.com/coredns/coredns/request"
+
+	"github.com/miekg/dns"
+)
+
+const pluginName = "wirecache"
+
+// Defaults: the cache plugin's capacity, and entries served no longer than their TTLs and at most an hour.
+const (
+	DefaultCapacity = 10000
+	DefaultMinTTL   = 0
+	DefaultMaxTTL   = time.Hour
+)
+
+// WireCache is a plugin that serves repeated queries from answers stored in wire format.
+type WireCache struct {
+	Next  plugin.Handler
+	Zones []string
+
+	// Capacity is the most entries held; MinTTL and MaxTTL bound how long one is served.
+	Capacity int
+	MinTTL   time.Duration
+	MaxTTL   time.Duration
+
+	// stepAside, set at startup when the server block has a plugin that must see every query, turns
+	// wirecache into a pass-through.
+	stepAside bool
+
+	allZones bool
+	store    *store
+	metrics  serverMetricsSet
+	buffers  sync.Pool
+	now      func() time.Time
+}
+
+// New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
+func New() *WireCache {
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now}
+	wc.buffers.New = func() any {
+		b := make([]byte, 0, maxEntryWire+optLen)
+		return &b
+	}
+	wc.init()
+	return wc
+}
+
+// init applies Zones and Capacity; it runs again after the Corefile is parsed.
+func (wc *WireCache) init() {
+	wc.allZones = len(wc.Zones) == 1 && wc.Zones[0] == "."
+	wc.store = newStore(wc.Capacity)
+}
+
+// Name implements the plugin.Handler interface.
+func (wc *WireCache) Name() string { return pluginName }
+
+// ServeDNS implements the plugin.Handler interface.
+func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	if wc.stepAside {
+		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+	}
+	if !wc.inZones(r) {
+		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+	}
+	m := wc.metrics.forServer(ctx)
+	var key [keyLen]byte
+	q, n, ok := parseQuery(r, &key)
+	if !ok {
+		m.misses.Inc()
+		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+	}
+
+	h := wc.store.hash(key[:n])
+	now := wc.now()
+	if e := wc.store.get(h, key[:n]); e != nil {
+		if !now.Before(e.expires) {
+			wc.store.remove(h, e)
+			m.entries.Set(float64(wc.store.len()))
+		} else if served, err := wc.serveHit(w, e, &q, now, m); served {
+			return dns.RcodeSuccess, err
+		} else {
+			// The reply needs truncation (or compression that depends on the question's case), which the
+			// chain does; its reply is not stored, the entry already answers the other clients.
+			m.misses.Inc()
+			return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+		}
+	}
+	m.misses.Inc()
+
+	rec := &recorder{ResponseWriter: w, wc: wc, metrics: m, hash: h, query: q, key: string(key[:n]), now: now}
+	rcode, err := plugin.NextOrFailure(wc.Name(), wc.Next, ctx, rec, r)
+	if err != nil {
+		rec.forget()
+	}
+	return rcode, err
+}
+
+func (wc *WireCache) inZones(r *dns.Msg) bool {
+	if wc.allZones {
+		return true
+	}
+	return len(r.Question) > 0 && plugin.Zones(wc.Zones).Matches(r.Question[0].Name) != ""
+}
+
+// serveHit writes the reply e gives q and counts the hit, and reports whether it could; it cannot when the
+// reply would need truncation. The error is the one writing to the client returned.
+func (wc *WireCache) serveHit(w dns.ResponseWriter, e *entry, q *query, now time.Time, m *serverMetrics) (bool, error) {
+	state := request.Request{W: w}
+	c := client{tcp: state.Proto() == "tcp", v6: state.Family() == 2}
+
+	bp := wc.buffers.Get().(*[]byte)
+	defer wc.buffers.Put(bp)
+	if need := len(e.plain.wire) + optLen; cap(*bp) < need {
+		*bp = make([]byte, 0, need)
+	}
+	out, ok := e.render((*bp)[:cap(*bp)], q, c, now)
+	if !ok {
+		return false, nil
+	}
+	// Counted before the reply leaves, so whoever sees the reply sees the count.
+	m.hits.Inc()
+	// Both of miekg/dns's transports copy the bytes before Write returns, so the buffer can be reused.
+	if _, err := w.Write(out); err != nil {
+		return true, plugin.Error(pluginName, err)
+	}
+	return true, nil
+}
+
+// recorder passes the plugin chain's reply on to the client and keeps it in wire format when it can be
+// replayed. It builds the entry before the reply goes out, because the server fits the reply to the client
+// (OPT, truncation, compression) in place, and stores it then too, so the client's next query finds it.
+type recorder struct {
+	dns.ResponseWriter
+	wc      *WireCache
+	metrics *serverMetrics
+	hash    uint64
+	query   query
+	key     string
+	now     time.Time
+
+	writes int
+	entry  *entry // the entry stored from this reply, until forgotten
+}
+
+// WriteMsg implements the dns.ResponseWriter interface.
+func (r *recorder) WriteMsg(m *dns.Msg) error {
+	r.writes++
+	if r.writes > 1 {
+		// Only a single reply is replayed; a second one makes the first suspect.
+		r.forget()
+	} else if m != nil {
+		if e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL); err == nil {
+			r.entry = e
+			r.wc.store.add(r.hash, e, r.now)
+			r.metrics.entries.Set(float64(r.wc.store.len()))
+		}
+	}
+	if err := r.ResponseWriter.WriteMsg(m); err != nil {
+		r.forget()
+		return err
+	}
+	return nil
+}
+
+// Write implements the dns.ResponseWriter interface. Bytes written by the chain are passed on, never stored.
+func (r *recorder) Write(b []byte) (int, error) {
+	r.writes++
+	r.forget()
+	return r.ResponseWriter.Write(b)
+}
+
+// forget removes the entry stored from this reply, if any.
+func (r *recorder) forget() {
+	if r.entry == nil {
+		return
+	}
+	r.wc.store.remove(r.hash, r.entry)
+	r.metrics.entries.Set(float64(r.wc.store.len()))
+	r.entry = nil
+}
+
+// serverAddr returns the address of the server handling the request, the `server` label of CoreDNS metrics.
+func serverAddr(ctx context.Context) string {
+	if srv, ok := ctx.Value(dnsserver.Key{}).(*dnsserver.Server); ok {
+		return srv.Addr
+	}
+	return ""
+}

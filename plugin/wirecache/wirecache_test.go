@@ -1,0 +1,267 @@
+package wirecache
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/coredns/coredns/request"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// fixture is a WireCache in front of a chain answering from testZone, with a clock the test moves.
+type fixture struct {
+	t     *testing.T
+	wc    *WireCache
+	chain *chain
+	now   time.Time
+}
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{t: t, chain: &chain{zone: testZone(t)}, now: t0}
+	f.wc = New()
+	f.wc.Next = f.chain
+	f.wc.now = func() time.Time { return f.now }
+	return f
+}
+
+// ask sends req as the server would (through a ScrubWriter) and returns the reply's bytes and whether the
+// chain was called.
+func (f *fixture) ask(req *dns.Msg, remote net.Addr) (reply []byte, chainCalled bool) {
+	f.t.Helper()
+	before := f.chain.count()
+	w := newWireWriter(remote)
+	if _, err := f.wc.ServeDNS(context.Background(), request.NewScrubWriter(req, w), req); err != nil {
+		f.t.Fatalf("ServeDNS: %v", err)
+	}
+	if len(w.out) != 1 {
+		f.t.Fatalf("%d replies written, want 1", len(w.out))
+	}
+	return w.out[0], f.chain.count() != before
+}
+
+// value reads a counter or gauge.
+func value(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		panic(err)
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}
+
+func counters() (hits, misses float64) {
+	return value(hitsTotal.WithLabelValues("")), value(missesTotal.WithLabelValues(""))
+}
+
+func TestMissThenHit(t *testing.T) {
+	f := newFixture(t)
+	hits0, misses0 := counters()
+	first, called := f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client)
+	if !called {
+		t.Fatal("first query did not reach the chain")
+	}
+	second, called := f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client)
+	if called {
+		t.Fatal("second query reached the chain")
+	}
+	if !bytes.Equal(first, second) {
+		t.Errorf("hit differs from the chain's reply at the same instant:\n got %x\nwant %x", second, first)
+	}
+	if hits, misses := counters(); hits-hits0 != 1 || misses-misses0 != 1 {
+		t.Errorf("hits +%v misses +%v, want +1 +1", hits-hits0, misses-misses0)
+	}
+	if got := value(entriesGauge.WithLabelValues("")); got != 1 {
+		t.Errorf("entries gauge %v, want 1", got)
+	}
+}
+
+func TestSeparateEntries(t *testing.T) {
+	f := newFixture(t)
+	cd := newQuery("www.example.org.", dns.TypeA, 1232, false)
+	cd.CheckingDisabled = true
+	queries := map[string]*dns.Msg{
+		"plain":   newQuery("www.example.org.", dns.TypeA, 1232, false),
+		"DO":      newQuery("www.example.org.", dns.TypeA, 1232, true),
+		"CD":      cd,
+		"no EDNS": newQuery("www.example.org.", dns.TypeA, 0, false),
+		"AAAA":    newQuery("www.example.org.", dns.TypeAAAA, 1232, false),
+	}
+	for name, q := range queries {
+		if _, called := f.ask(q.Copy(), udp4Client); !called {
+			t.Errorf("%s: first query answered from another entry", name)
+		}
+	}
+	for name, q := range queries {
+		reply, called := f.ask(q.Copy(), udp4Client)
+		if called {
+			t.Errorf("%s: second query missed", name)
+		}
+		m := new(dns.Msg)
+		if err := m.Unpack(reply); err != nil {
+			t.Fatal(err)
+		}
+		if (m.IsEdns0() != nil) != (q.IsEdns0() != nil) || m.CheckingDisabled != q.CheckingDisabled ||
+			(q.IsEdns0() != nil && m.IsEdns0().Do() != q.IsEdns0().Do()) || m.Question[0].Qtype != q.Question[0].Qtype {
+			t.Errorf("%s: reply %v does not match the query", name, m)
+		}
+	}
+}
+
+func TestNeverCached(t *testing.T) {
+	for name, req := range map[string]*dns.Msg{
+		"SERVFAIL": newQuery("fail.example.org.", dns.TypeA, 1232, false),
+		"REFUSED":  newQuery("refused.example.org.", dns.TypeA, 1232, false),
+	} {
+		f := newFixture(t)
+		for i := range 3 {
+			if _, called := f.ask(req.Copy(), udp4Client); !called {
+				t.Errorf("%s: query %d answered by wirecache", name, i+1)
+			}
+		}
+	}
+	f := newFixture(t)
+	f.chain.modify = func(m *dns.Msg) { m.Truncated = true }
+	for i := range 3 {
+		if _, called := f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client); !called {
+			t.Errorf("truncated: query %d answered by wirecache", i+1)
+		}
+	}
+	if f.wc.store.len() != 0 {
+		t.Errorf("%d entries after uncacheable answers", f.wc.store.len())
+	}
+}
+
+// bytesChain writes its answers with Write, as a plugin that packs its own replies would.
+type bytesChain struct{ chain }
+
+func (c *bytesChain) ServeDNS(_ context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	c.mu.Lock()
+	c.calls++
+	c.mu.Unlock()
+	b, err := c.zone.reply(r).Pack()
+	if err != nil {
+		return dns.RcodeServerFailure, err
+	}
+	_, err = w.Write(b)
+	return dns.RcodeSuccess, err
+}
+
+func TestBytesWrittenByTheChainAreNotStored(t *testing.T) {
+	f := newFixture(t)
+	bc := &bytesChain{chain{zone: testZone(t)}}
+	f.wc.Next = bc
+	for range 2 {
+		f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client)
+	}
+	if bc.count() != 2 || f.wc.store.len() != 0 {
+		t.Errorf("chain called %d times, %d entries; want 2 and 0", bc.count(), f.wc.store.len())
+	}
+}
+
+func TestExpiresWithSmallestTTL(t *testing.T) {
+	f := newFixture(t)
+	req := newQuery("www.example.org.", dns.TypeA, 1232, false) // TTLs 120 and 100
+	f.ask(req.Copy(), udp4Client)
+	f.now = t0.Add(99 * time.Second)
+	reply, called := f.ask(req.Copy(), udp4Client)
+	if called {
+		t.Fatal("missed before the smallest TTL passed")
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(reply); err != nil {
+		t.Fatal(err)
+	}
+	if m.Answer[0].Header().Ttl != 21 || m.Answer[1].Header().Ttl != 1 {
+		t.Errorf("TTLs %d %d after 99 s, want 21 1", m.Answer[0].Header().Ttl, m.Answer[1].Header().Ttl)
+	}
+	f.now = t0.Add(100 * time.Second)
+	if _, called := f.ask(req.Copy(), udp4Client); !called {
+		t.Error("hit after the smallest TTL passed")
+	}
+	if _, called := f.ask(req.Copy(), udp4Client); called {
+		t.Error("the refreshed answer was not stored")
+	}
+}
+
+func TestZones(t *testing.T) {
+	f := newFixture(t)
+	f.wc.Zones = []string{"example.net."}
+	f.wc.init()
+	hits0, misses0 := counters()
+	for range 2 {
+		if _, called := f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client); !called {
+			t.Error("query outside ZONES answered by wirecache")
+		}
+	}
+	if hits, misses := counters(); hits != hits0 || misses != misses0 {
+		t.Error("queries outside ZONES were counted")
+	}
+	f.wc.Zones = []string{"example.org."}
+	f.wc.init()
+	f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client)
+	if _, called := f.ask(newQuery("WWW.EXAMPLE.ORG.", dns.TypeA, 1232, false), udp4Client); called {
+		t.Error("query inside ZONES missed")
+	}
+}
+
+func TestNeverLargerThanTheClientBuffer(t *testing.T) {
+	f := newFixture(t)
+	big := newQuery("huge.example.org.", dns.TypeTXT, 4096, false) // about 2300 bytes
+	f.ask(big.Copy(), udp4Client)
+	if _, called := f.ask(big.Copy(), udp4Client); called {
+		t.Fatal("4096-byte client missed")
+	}
+	small := newQuery("huge.example.org.", dns.TypeTXT, 1232, false)
+	reply, called := f.ask(small, udp4Client)
+	if !called {
+		t.Error("a reply needing truncation was not left to the chain")
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(reply); err != nil {
+		t.Fatal(err)
+	}
+	if len(reply) > 1232 || !m.Truncated {
+		t.Errorf("reply of %d bytes, TC=%v, for a 1232-byte client", len(reply), m.Truncated)
+	}
+	if _, called := f.ask(big.Copy(), udp4Client); called {
+		t.Error("the truncated reply replaced the entry")
+	}
+	if _, called := f.ask(newQuery("huge.example.org.", dns.TypeTXT, 4096, false), tcp4Client); called {
+		t.Error("TCP client missed")
+	}
+}
+
+func TestStepAside(t *testing.T) {
+	f := newFixture(t)
+	f.wc.stepAside = true
+	hits0, misses0 := counters()
+	for range 3 {
+		if _, called := f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client); !called {
+			t.Error("query answered by a wirecache that steps aside")
+		}
+	}
+	if hits, misses := counters(); hits != hits0 || misses != misses0 || f.wc.store.len() != 0 {
+		t.Error("a wirecache that steps aside counted or stored")
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	f := newFixture(t)
+	f.wc.Capacity = 2
+	f.wc.init()
+	for _, name := range []string{"www.example.org.", "alias.example.org.", "mid.example.org.", "big.example.org."} {
+		f.ask(newQuery(name, dns.TypeA, 1232, false), udp4Client)
+		f.ask(newQuery(name, dns.TypeTXT, 1232, false), udp4Client)
+		if n := f.wc.store.len(); n > 2 {
+			t.Fatalf("%d entries, capacity 2", n)
+		}
+	}
+}
