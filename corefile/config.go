@@ -1,0 +1,309 @@
+package corefile
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Mode is how kube-proxy routes Service traffic on the node, which decides what the node cache may bind.
+type Mode string
+
+const (
+	// ModeIPTables: kube-proxy DNATs Service IPs in iptables, so the node cache binds the kube-dns ClusterIP
+	// as well as its link-local address, and pods keep using the ClusterIP unchanged.
+	ModeIPTables Mode = "iptables"
+	// ModeIPVS: the ClusterIP already sits on kube-ipvs0 and IPVS takes its traffic, so the node cache binds
+	// only the link-local address and the kubelet's --cluster-dns must point there.
+	ModeIPVS Mode = "ipvs"
+)
+
+// Defaults of a node cache, the values upstream's nodelocaldns.yaml uses.
+const (
+	DefaultClusterDomain   = "cluster.local"
+	DefaultPort            = 53
+	DefaultHealthPort      = 8080
+	DefaultReadyPort       = 8181
+	DefaultMetricsPort     = 9253
+	DefaultUpstreamService = "kube-dns-upstream"
+	DefaultNamespace       = "kube-system"
+	DefaultInterface       = "nodelocaldns"
+	// ResolvConf is what the `.` block forwards to when the kube-dns ConfigMap names no upstreamNameservers.
+	ResolvConf = "/etc/resolv.conf"
+)
+
+// Config is a node cache's configuration; Render turns it into a Corefile. The zero value of every field
+// means the default named in its comment.
+type Config struct {
+	// ClusterDomain is the cluster's DNS domain; default cluster.local.
+	ClusterDomain string
+	// LocalIPs are the node-local addresses the cache answers on, e.g. 169.254.20.10 and, on a dual-stack
+	// or IPv6 cluster, an IPv6 address. The first one also carries health, ready and, by default, metrics.
+	LocalIPs []netip.Addr
+	// ClusterDNSIPs are the kube-dns Service's ClusterIPs. In iptables mode the cache binds them too.
+	ClusterDNSIPs []netip.Addr
+	// Mode is kube-proxy's mode; default iptables.
+	Mode Mode
+	// Port is the DNS port of every block; default 53.
+	Port uint16
+
+	// Upstream is where cluster-domain and reverse-zone misses go.
+	Upstream Upstream
+	// PreferUDP sends those misses over UDP first. The default is TCP: UDP through the Service DNAT is
+	// where conntrack races lose queries, the failure a node cache exists to avoid.
+	PreferUDP bool
+	// NodeUpstreams are the kube-dns ConfigMap's upstreamNameservers: the `.` block forwards to them over
+	// UDP. Empty means the node's resolv.conf.
+	NodeUpstreams []string
+	// StubDomains are the kube-dns ConfigMap's stubDomains: one block per domain, forwarding to its servers.
+	StubDomains map[string][]string
+
+	// Cache sizes the CoreDNS caches.
+	Cache Cache
+	// Clamp bounds the TTLs clients see for cluster-domain answers.
+	Clamp Clamp
+	// WireCache configures the hit cache in front of every block.
+	WireCache WireCache
+	// Log adds the log plugin to the cluster-domain block (and takes wirecache out of it, since a query
+	// answered by wirecache is never logged).
+	Log bool
+
+	// HealthPort is the health plugin's port on the first local address; default 8080.
+	HealthPort uint16
+	// ReadyPort is the ready plugin's port on the first local address; default 8181.
+	ReadyPort uint16
+	// MetricsAddress is the prometheus plugin's HOST:PORT; default the first local address, port 9253.
+	MetricsAddress string
+
+	// Notrack configures the notrack directive in every block.
+	Notrack Notrack
+}
+
+// Upstream is the Service in front of the cluster DNS pods that the upstreamsvc plugin forwards to.
+type Upstream struct {
+	// Service is the Service's name; default kube-dns-upstream.
+	Service string
+	// Namespace is the Service's namespace; default kube-system.
+	Namespace string
+	// Fallback are the addresses to use until the Service's endpoints are known, typically its ClusterIP.
+	Fallback []string
+}
+
+// Cache sizes CoreDNS's cache plugin: capacity in entries, TTLs in seconds.
+type Cache struct {
+	// SuccessCapacity and SuccessTTL bound positive cluster-domain answers; default 9984 entries, 30s.
+	SuccessCapacity int
+	SuccessTTL      int
+	// DenialCapacity and DenialTTL bound negative cluster-domain answers; default 9984 entries, 5s.
+	DenialCapacity int
+	DenialTTL      int
+	// OtherTTL is the TTL cap of the other blocks' `cache TTL`; default 30s.
+	OtherTTL int
+}
+
+// Clamp is the TTL window of cluster-domain answers, in seconds.
+type Clamp struct {
+	// SuccessMin and SuccessMax default to 5 and Cache.SuccessTTL.
+	SuccessMin, SuccessMax int
+	// DenialMin and DenialMax default to 5 and Cache.DenialTTL.
+	DenialMin, DenialMax int
+}
+
+// WireCache configures the wirecache plugin, the hit cache in front of each block.
+type WireCache struct {
+	// Disabled leaves wirecache out of every block.
+	Disabled bool
+	// Capacity is its entry count; zero means the plugin's default.
+	Capacity int
+}
+
+// Notrack configures the notrack plugin, which puts the bind addresses on the node-local interface and
+// keeps the NOTRACK rules for them.
+type Notrack struct {
+	// Disabled leaves notrack out: something else provides the addresses and the rules (a CNI's local
+	// redirect, for instance).
+	Disabled bool
+	// Interface is the link that carries the addresses; default nodelocaldns.
+	Interface string
+	// Sync is how often the rules and the link are checked; zero means the plugin's default.
+	Sync time.Duration
+	// Backend is auto, legacy or nft; empty means the plugin's default.
+	Backend string
+	// NoInterface leaves the link alone (the addresses are managed elsewhere).
+	NoInterface bool
+	// NoRules leaves the NOTRACK rules out.
+	NoRules bool
+	// SkipTeardown keeps the link and the rules at exit, so a restart has no gap.
+	SkipTeardown bool
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.ClusterDomain == "" {
+		c.ClusterDomain = DefaultClusterDomain
+	}
+	c.ClusterDomain = strings.TrimSuffix(c.ClusterDomain, ".")
+	if c.Mode == "" {
+		c.Mode = ModeIPTables
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.Upstream.Service == "" {
+		c.Upstream.Service = DefaultUpstreamService
+	}
+	if c.Upstream.Namespace == "" {
+		c.Upstream.Namespace = DefaultNamespace
+	}
+	if c.Cache.SuccessCapacity == 0 {
+		c.Cache.SuccessCapacity = 9984
+	}
+	if c.Cache.SuccessTTL == 0 {
+		c.Cache.SuccessTTL = 30
+	}
+	if c.Cache.DenialCapacity == 0 {
+		c.Cache.DenialCapacity = 9984
+	}
+	if c.Cache.DenialTTL == 0 {
+		c.Cache.DenialTTL = 5
+	}
+	if c.Cache.OtherTTL == 0 {
+		c.Cache.OtherTTL = 30
+	}
+	if c.Clamp.SuccessMin == 0 {
+		c.Clamp.SuccessMin = 5
+	}
+	if c.Clamp.SuccessMax == 0 {
+		c.Clamp.SuccessMax = c.Cache.SuccessTTL
+	}
+	if c.Clamp.DenialMin == 0 {
+		c.Clamp.DenialMin = 5
+	}
+	if c.Clamp.DenialMax == 0 {
+		c.Clamp.DenialMax = c.Cache.DenialTTL
+	}
+	if c.HealthPort == 0 {
+		c.HealthPort = DefaultHealthPort
+	}
+	if c.ReadyPort == 0 {
+		c.ReadyPort = DefaultReadyPort
+	}
+	if c.MetricsAddress == "" && len(c.LocalIPs) > 0 {
+		c.MetricsAddress = hostPort(c.LocalIPs[0], DefaultMetricsPort)
+	}
+	if c.Notrack.Interface == "" {
+		c.Notrack.Interface = DefaultInterface
+	}
+	return c
+}
+
+// Validate reports what makes c impossible to render, all problems at once.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if len(validation.IsDNS1123Subdomain(c.ClusterDomain)) > 0 {
+		errs = append(errs, fmt.Errorf("cluster domain %q is not a valid domain name", c.ClusterDomain))
+	}
+	if len(c.LocalIPs) == 0 {
+		errs = append(errs, errors.New("no local IPs: the cache needs at least one address to answer on"))
+	}
+	for _, ip := range c.LocalIPs {
+		if !ip.IsValid() || ip.IsUnspecified() || ip.Zone() != "" {
+			errs = append(errs, fmt.Errorf("local IP %v: want a unicast address without zone", ip))
+		}
+	}
+	switch c.Mode {
+	case ModeIPTables:
+		if len(c.ClusterDNSIPs) == 0 {
+			errs = append(errs, errors.New("iptables mode needs the kube-dns ClusterIPs, which the cache binds"))
+		}
+	case ModeIPVS:
+	default:
+		errs = append(errs, fmt.Errorf("mode %q: want %q or %q", c.Mode, ModeIPTables, ModeIPVS))
+	}
+	for _, ip := range c.ClusterDNSIPs {
+		if !ip.IsValid() || ip.IsUnspecified() {
+			errs = append(errs, fmt.Errorf("cluster DNS IP %v is not a usable address", ip))
+		}
+	}
+	if len(validation.IsDNS1035Label(c.Upstream.Service)) > 0 {
+		errs = append(errs, fmt.Errorf("upstream service %q is not a valid Service name", c.Upstream.Service))
+	}
+	if len(validation.IsDNS1123Label(c.Upstream.Namespace)) > 0 {
+		errs = append(errs, fmt.Errorf("upstream namespace %q is not a valid namespace", c.Upstream.Namespace))
+	}
+	for _, f := range c.Upstream.Fallback {
+		if _, err := parseNameserver(f); err != nil {
+			errs = append(errs, fmt.Errorf("upstream fallback: %w", err))
+		}
+	}
+	if err := c.kubeDNS().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range []struct {
+		what  string
+		value int
+	}{
+		{"cache success capacity", c.Cache.SuccessCapacity}, {"cache success TTL", c.Cache.SuccessTTL},
+		{"cache denial capacity", c.Cache.DenialCapacity}, {"cache denial TTL", c.Cache.DenialTTL},
+		{"cache TTL of the other blocks", c.Cache.OtherTTL},
+	} {
+		if n.value < 0 {
+			errs = append(errs, fmt.Errorf("%s is negative: %d", n.what, n.value))
+		}
+	}
+	if c.Clamp.SuccessMin > c.Clamp.SuccessMax || c.Clamp.DenialMin > c.Clamp.DenialMax {
+		errs = append(errs, fmt.Errorf("clamp window upside down: success %d..%d, denial %d..%d",
+			c.Clamp.SuccessMin, c.Clamp.SuccessMax, c.Clamp.DenialMin, c.Clamp.DenialMax))
+	}
+	if c.WireCache.Capacity < 0 {
+		errs = append(errs, fmt.Errorf("wirecache capacity is negative: %d", c.WireCache.Capacity))
+	}
+	if _, err := parseListenAddress(c.MetricsAddress); err != nil && len(c.LocalIPs) > 0 {
+		errs = append(errs, fmt.Errorf("metrics address: %w", err))
+	}
+	if c.HealthPort == c.ReadyPort || c.HealthPort == c.Port || c.ReadyPort == c.Port {
+		errs = append(errs, fmt.Errorf("ports collide: dns %d, health %d, ready %d", c.Port, c.HealthPort, c.ReadyPort))
+	}
+	switch c.Notrack.Backend {
+	case "", "auto", "legacy", "nft":
+	default:
+		errs = append(errs, fmt.Errorf("notrack backend %q: want auto, legacy or nft", c.Notrack.Backend))
+	}
+	if c.Notrack.Sync < 0 {
+		errs = append(errs, fmt.Errorf("notrack sync interval is negative: %v", c.Notrack.Sync))
+	}
+	return errors.Join(errs...)
+}
+
+// listenIPs are the addresses the cache binds: the local ones, plus the kube-dns ClusterIPs in iptables mode.
+func (c Config) listenIPs() []netip.Addr {
+	ips := append([]netip.Addr(nil), c.LocalIPs...)
+	if c.Mode == ModeIPTables {
+		ips = append(ips, c.ClusterDNSIPs...)
+	}
+	return ips
+}
+
+// kubeDNS is the part of c that the kube-dns ConfigMap carries in a drop-in deployment.
+func (c Config) kubeDNS() KubeDNS {
+	return KubeDNS{StubDomains: c.StubDomains, UpstreamNameservers: c.NodeUpstreams}
+}
+
+// hostPort joins an address and a port, with brackets around IPv6.
+func hostPort(ip netip.Addr, port uint16) string {
+	return netip.AddrPortFrom(ip, port).String()
+}
+
+// parseListenAddress checks a HOST:PORT for an HTTP listener (health, ready, prometheus).
+func parseListenAddress(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%q is not IP:PORT (IPv6 in brackets): %w", s, err)
+	}
+	return ap, nil
+}

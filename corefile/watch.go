@@ -1,0 +1,173 @@
+package corefile
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+)
+
+var log = clog.NewWithPlugin("node-cache")
+
+// DefaultSyncPeriod is how often DropIn.Watch looks at its inputs, node-cache's ConfigMap sync period.
+const DefaultSyncPeriod = 10 * time.Second
+
+// DropIn keeps the Corefile CoreDNS runs in step with a base Corefile (the node-local-dns ConfigMap) and
+// the kube-dns ConfigMap, both mounted as files, the way node-cache does. A change that cannot be turned
+// into a Corefile is kept out: the last good Corefile stays, the reason is logged and counted in
+// SetupErrors as a "configmap" error.
+type DropIn struct {
+	// Base is the base Corefile's path (-basecorefile).
+	Base string
+	// KubeDNSDir is where the kube-dns ConfigMap is mounted (-kubednscm); empty for none.
+	KubeDNSDir string
+	// Output is the path of the Corefile CoreDNS loads (-conf).
+	Output string
+	// Expansion is what the flags fill in.
+	Expansion Expansion
+	// Directives, when set, are the directives CoreDNS knows; a Corefile using any other is kept out
+	// rather than written, since CoreDNS would refuse to start or reload on it.
+	Directives []string
+	// Check tunes the hazard check run on every new Corefile; hazards are logged, not kept out.
+	Check CheckOptions
+	// Reload makes CoreDNS load a Corefile written after the first; nil leaves it to the reload plugin.
+	Reload func() error
+
+	lastInput [sha256.Size]byte
+	written   []byte
+}
+
+// Sync renders the Corefile from the current inputs and writes it if it changed. The first Sync writes a
+// Corefile even when the kube-dns ConfigMap is bad, without it, so that the node cache can start; after
+// that a bad input leaves the Corefile as it was. Every failure is returned and counted.
+func (d *DropIn) Sync() error {
+	SetupErrors.WithLabelValues(ConfigMapError).Add(0)
+	base, err := os.ReadFile(d.Base)
+	if err != nil {
+		return d.fail(fmt.Errorf("reading the base Corefile: %w", err))
+	}
+	kd, kdErr := KubeDNS{}, error(nil)
+	var kdRaw []byte
+	if d.KubeDNSDir != "" {
+		kd, kdErr = ReadKubeDNSDir(d.KubeDNSDir)
+		kdRaw = fmt.Appendf(nil, "%v%v", kd, kdErr)
+	}
+	input := sha256.Sum256(slices.Concat(base, []byte{0}, kdRaw))
+	if input == d.lastInput && d.written != nil {
+		return nil
+	}
+	d.lastInput = input
+	if kdErr != nil {
+		if d.written != nil {
+			return d.fail(fmt.Errorf("kube-dns ConfigMap change kept out, the Corefile stays as it was: %w", kdErr))
+		}
+		// Starting: go without the ConfigMap rather than not at all, as node-cache does.
+		err := d.fail(fmt.Errorf("starting without the kube-dns ConfigMap: %w", kdErr))
+		if werr := d.render(base, KubeDNS{}); werr != nil {
+			return errors.Join(err, werr)
+		}
+		return err
+	}
+	return d.render(base, kd)
+}
+
+func (d *DropIn) render(base []byte, kd KubeDNS) error {
+	out, err := Expand(base, d.Expansion, kd)
+	if err == nil && d.Directives != nil {
+		err = d.knownDirectives(out)
+	}
+	if err != nil {
+		if d.written != nil {
+			return d.fail(fmt.Errorf("change kept out, the Corefile stays as it was: %w", err))
+		}
+		return d.fail(err)
+	}
+	if bytes.Equal(out, d.written) {
+		return nil
+	}
+	if hazards, err := Check(out, d.Check); err == nil {
+		for _, h := range hazards {
+			log.Warningf("Corefile %s", h)
+		}
+	}
+	if err := writeFileAtomic(d.Output, out); err != nil {
+		return d.fail(err)
+	}
+	first := d.written == nil
+	d.written = out
+	log.Infof("Wrote %s from %s (stub domains %d, upstream nameservers %v)", d.Output, d.Base,
+		len(kd.StubDomains), kd.UpstreamNameservers)
+	if !first && d.Reload != nil {
+		if err := d.Reload(); err != nil {
+			return d.fail(fmt.Errorf("reloading CoreDNS: %w", err))
+		}
+	}
+	return nil
+}
+
+func (d *DropIn) knownDirectives(corefile []byte) error {
+	f, err := Parse(corefile)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, b := range f.Blocks {
+		for _, dir := range b.Directives {
+			if !slices.Contains(d.Directives, dir.Name) {
+				errs = append(errs, fmt.Errorf("line %d: directive %q is not compiled into this CoreDNS", dir.Line, dir.Name))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *DropIn) fail(err error) error {
+	log.Errorf("%v", err)
+	SetupErrors.WithLabelValues(ConfigMapError).Inc()
+	return err
+}
+
+// Watch calls Sync every period until ctx ends. Sync logs and counts its own failures.
+func (d *DropIn) Watch(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = d.Sync()
+		}
+	}
+}
+
+// writeFileAtomic replaces path in one rename, so that CoreDNS never reads half a Corefile.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package corefile
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+type dropInFixture struct {
+	d       *DropIn
+	kdDir   string
+	reloads atomic.Int32
+}
+
+func newDropInFixture(t *testing.T) *dropInFixture {
+	t.Helper()
+	dir := t.TempDir()
+	fx := &dropInFixture{kdDir: filepath.Join(dir, "kube-dns")}
+	if err := os.Mkdir(fx.kdDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(dir, "Corefile.base")
+	writeFile(t, base, string(upstreamManifestSed(readTestdata(t, "upstream-template.Corefile"),
+		"169.254.20.10", "cluster.local", "10.96.0.10")))
+	fx.d = &DropIn{
+		Base:       base,
+		KubeDNSDir: fx.kdDir,
+		Output:     filepath.Join(dir, "Corefile"),
+		Expansion:  upstreamFlags(),
+		Reload:     func() error { fx.reloads.Add(1); return nil },
+	}
+	return fx
+}
+
+func (fx *dropInFixture) output(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(fx.d.Output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func configMapErrors() float64 {
+	var m dto.Metric
+	if err := SetupErrors.WithLabelValues(ConfigMapError).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestDropInSync(t *testing.T) {
+	fx := newDropInFixture(t)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	first := fx.output(t)
+	if first != string(readTestdata(t, "upstream-template.golden")) {
+		t.Errorf("first Corefile:\n%s", first)
+	}
+	if fx.reloads.Load() != 0 {
+		t.Error("the first Corefile triggered a reload; CoreDNS has not started on it yet")
+	}
+
+	// Nothing changed: nothing written, no reload.
+	st, _ := os.Stat(fx.d.Output)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if st2, _ := os.Stat(fx.d.Output); !os.SameFile(st, st2) || fx.reloads.Load() != 0 {
+		t.Error("an unchanged input rewrote the Corefile or reloaded")
+	}
+
+	// A good change: a stub domain.
+	writeFile(t, filepath.Join(fx.kdDir, StubDomainsKey), `{"acme.local": ["1.2.3.4"]}`)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	good := fx.output(t)
+	if !strings.Contains(good, "acme.local:53 {") || fx.reloads.Load() != 1 {
+		t.Fatalf("stub domain not applied (reloads %d):\n%s", fx.reloads.Load(), good)
+	}
+
+	// A bad change: kept out, logged, counted.
+	before := configMapErrors()
+	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["1.1.1.1", "1.0.0.1", "8.8.8.8", "8.8.4.4"]`)
+	err := fx.d.Sync()
+	if err == nil || !strings.Contains(err.Error(), "at most 3") || !strings.Contains(err.Error(), "kept out") {
+		t.Errorf("got %v", err)
+	}
+	if fx.output(t) != good || fx.reloads.Load() != 1 {
+		t.Error("a bad ConfigMap changed the Corefile")
+	}
+	if got := configMapErrors() - before; got != 1 {
+		t.Errorf("configmap errors went up by %v, want 1", got)
+	}
+	// The same bad input again is not counted twice.
+	if err := fx.d.Sync(); err != nil {
+		t.Errorf("unchanged bad input: %v", err)
+	}
+	if got := configMapErrors() - before; got != 1 {
+		t.Errorf("configmap errors went up by %v, want 1", got)
+	}
+
+	// A base Corefile that cannot expand is kept out as well.
+	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
+	writeFile(t, fx.d.Base, ".:53 {\n  forward . __PILLAR__CLUSTER__DNS__ {\n    policy random\n  }\n}\n")
+	if err := fx.d.Sync(); err == nil || !strings.Contains(err.Error(), "policy") {
+		t.Errorf("got %v", err)
+	}
+	if fx.output(t) != good {
+		t.Error("a bad base Corefile changed the Corefile")
+	}
+	if got := configMapErrors() - before; got != 2 {
+		t.Errorf("configmap errors went up by %v, want 2", got)
+	}
+}
+
+func TestDropInStartsWithoutBadConfigMap(t *testing.T) {
+	fx := newDropInFixture(t)
+	writeFile(t, filepath.Join(fx.kdDir, StubDomainsKey), `{"acme.local": ["ns.acme.local"]}`)
+	before := configMapErrors()
+	err := fx.d.Sync()
+	if err == nil || !strings.Contains(err.Error(), "starting without the kube-dns ConfigMap") {
+		t.Errorf("got %v", err)
+	}
+	if fx.output(t) != string(readTestdata(t, "upstream-template.golden")) {
+		t.Errorf("want the Corefile without the ConfigMap, got:\n%s", fx.output(t))
+	}
+	if configMapErrors()-before != 1 {
+		t.Error("not counted")
+	}
+	// Fixed: applied.
+	writeFile(t, filepath.Join(fx.kdDir, StubDomainsKey), `{"acme.local": ["10.0.0.53"]}`)
+	if err := fx.d.Sync(); err != nil || !strings.Contains(fx.output(t), "forward . 10.0.0.53") {
+		t.Errorf("fix not applied: %v\n%s", err, fx.output(t))
+	}
+}
+
+func TestDropInBaseMissing(t *testing.T) {
+	fx := newDropInFixture(t)
+	fx.d.Base = filepath.Join(t.TempDir(), "missing")
+	if err := fx.d.Sync(); err == nil {
+		t.Fatal("no error for a missing base Corefile")
+	}
+	if _, err := os.Stat(fx.d.Output); !os.IsNotExist(err) {
+		t.Error("a Corefile was written without a base")
+	}
+}
+
+func TestDropInUnknownDirective(t *testing.T) {
+	fx := newDropInFixture(t)
+	fx.d.Directives = []string{"errors", "cache", "reload", "loop", "bind", "forward", "prometheus", "health", "upstreamsvc"}
+	err := fx.d.Sync()
+	if err == nil || !strings.Contains(err.Error(), `directive "notrack" is not compiled into this CoreDNS`) {
+		t.Fatalf("got %v", err)
+	}
+	fx.d.Directives = append(fx.d.Directives, "notrack")
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDropInWatch(t *testing.T) {
+	fx := newDropInFixture(t)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { fx.d.Watch(ctx, 10*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
+	waitFor(t, func() bool { return fx.reloads.Load() == 1 })
+	if !strings.Contains(fx.output(t), "forward . 8.8.8.8\n") {
+		t.Errorf("upstream not applied:\n%s", fx.output(t))
+	}
+
+	before := configMapErrors()
+	good := fx.output(t)
+	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8:53:53"]`)
+	waitFor(t, func() bool { return configMapErrors() > before })
+	if fx.output(t) != good || fx.reloads.Load() != 1 {
+		t.Error("a bad change reached the Corefile")
+	}
+
+	// The base Corefile (the node-local-dns ConfigMap) is watched too.
+	base, _ := os.ReadFile(fx.d.Base)
+	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
+	writeFile(t, fx.d.Base, string(bytes.Replace(base, []byte("cache 30"), []byte("cache 15"), -1)))
+	waitFor(t, func() bool { return fx.reloads.Load() == 2 })
+	if !strings.Contains(fx.output(t), "cache 15") {
+		t.Errorf("base change not applied:\n%s", fx.output(t))
+	}
+}
+
+// waitFor polls cond for up to five seconds.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 5s")
+}
