@@ -6,7 +6,8 @@
 #   ROUNDS=5 DURATION=20 bench/wirecache.sh
 #
 # Two node-cache servers run side by side, pinned to CPU 0 with GOMAXPROCS=1 (one server core): "stock"
-# (errors, cache, forward, prometheus) and "wirecache" (the same block with wirecache). A third process, the
+# (node-cache's cluster.local block: errors, clamp, cache, forward, prometheus) and "wirecache" (the same
+# block with wirecache). A third process, the
 # stand-in upstream, serves the zone from a file; it is only asked while the caches warm up. dnsperf, pinned
 # to CPU 1, sends a small hit-only query set at full speed. Each round runs both variants, alternating which
 # goes first; CPU time is the server's utime+stime from /proc/PID/stat over the dnsperf run.
@@ -67,45 +68,52 @@ if ! go list -deps ./examples/node-cache | grep -qx "$wirecache_pkg"; then
 fi
 go build "${build_flags[@]}" -o "$work/node-cache" ./examples/node-cache
 
-# The zone and the queries: 16 names, A and AAAA, all answered from the caches after warm-up.
+# The zone and the queries: 16 services, A and AAAA, all answered from the caches after warm-up.
 {
-    echo '$ORIGIN example.org.'
-    echo '@ 3600 IN SOA ns hostmaster 1 7200 3600 1209600 300'
-    echo '@ 3600 IN NS ns'
-    echo 'ns 3600 IN A 192.0.2.53'
+    echo '$ORIGIN cluster.local.'
+    echo '@ 3600 IN SOA ns.dns hostmaster 1 7200 3600 1209600 30'
+    echo '@ 3600 IN NS ns.dns'
+    echo 'ns.dns 3600 IN A 10.96.0.10'
     for i in $(seq 1 16); do
-        echo "svc$i 300 IN A 192.0.2.$i"
-        echo "svc$i 300 IN AAAA 2001:db8::$i"
+        echo "svc$i.default.svc 30 IN A 10.96.1.$i"
+        echo "svc$i.default.svc 30 IN AAAA fd00::1:$i"
     done
-} >"$work/example.org.db"
+} >"$work/cluster.local.db"
 for i in $(seq 1 16); do
-    echo "svc$i.example.org A"
-    echo "svc$i.example.org AAAA"
+    echo "svc$i.default.svc.cluster.local A"
+    echo "svc$i.default.svc.cluster.local AAAA"
 done >"$work/queries"
 
 cat >"$work/Corefile.upstream" <<EOF
-example.org:$upstream_port {
+cluster.local:$upstream_port {
     bind 127.0.0.1
-    file $work/example.org.db
+    file $work/cluster.local.db
 }
 EOF
-for variant in stock wirecache; do
-    line=""
-    [ "$variant" = wirecache ] && line="wirecache"
-    cat >"$work/Corefile.$variant" <<EOF
-.:${port[$variant]} {
-    bind 127.0.0.1
+# The cluster-domain block node-cache renders (corefile.Config defaults), minus what is off the query path
+# (health, ready, reload, loop); the variants differ only in the wirecache line.
+cat >"$work/Corefile.stock" <<EOF
+cluster.local:${port[stock]} {
     errors
-    $line
+    clamp {
+        success 5 30
+        denial 5 5
+    }
     cache {
         success 9984 30
         denial 9984 5
     }
-    forward . 127.0.0.1:$upstream_port
-    prometheus 127.0.0.1:${metrics_port[$variant]}
+    bind 127.0.0.1
+    forward . 127.0.0.1:$upstream_port {
+        force_tcp
+    }
+    prometheus 127.0.0.1:${metrics_port[stock]}
 }
 EOF
-done
+sed -e "s/:${port[stock]} {/:${port[wirecache]} {/" -e "s/:${metrics_port[stock]}\$/:${metrics_port[wirecache]}/" \
+    -e 's/^    errors$/    errors\n    wirecache/' "$work/Corefile.stock" >"$work/Corefile.wirecache"
+echo "server block with wirecache (stock: the same without the wirecache line, on port ${port[stock]}):"
+sed 's/^/    /' "$work/Corefile.wirecache"
 
 # start NAME CPU COREFILE: runs a node-cache pinned to CPU with one P; sets started_pid.
 start() {
