@@ -1,0 +1,301 @@
+// Package upstreamsvc is a CoreDNS plugin that forwards to the cluster DNS behind a Kubernetes
+// Service (kube-dns-upstream by default) and follows the Service when its ClusterIP changes.
+//
+// A node-local cache owns the kube-dns ClusterIP, so it reaches CoreDNS through a second Service.
+// The address is taken from the Kubernetes API (watched), else from the variables Kubernetes
+// injects into the pod, else from a static fallback. Forwarding is done by CoreDNS's forward
+// plugin and proxy package; a changed address swaps in a new forwarder without failing queries
+// that are already on their way.
+package upstreamsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coredns/coredns/plugin"
+	"github.com/coredns/coredns/plugin/dnstap"
+	"github.com/coredns/coredns/plugin/forward"
+	"github.com/coredns/coredns/plugin/metrics"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/coredns/coredns/plugin/pkg/proxy"
+	"github.com/coredns/coredns/plugin/pkg/transport"
+
+	"github.com/miekg/dns"
+)
+
+const pluginName = "upstreamsvc"
+
+// proxyName labels CoreDNS's proxy metrics (coredns_proxy_*{proxy_name="upstreamsvc"}).
+const proxyName = pluginName
+
+var log = clog.NewWithPlugin(pluginName)
+
+// Config is the parsed upstreamsvc block.
+type Config struct {
+	Service   string
+	Namespace string
+	// Port overrides the port from the API or environment; 0 means not set.
+	Port uint16
+	// PreferUDP sends queries over UDP (TCP after truncation); otherwise every query goes over TCP.
+	PreferUDP bool
+	// Kubeconfig, when set, is used instead of in-cluster credentials.
+	Kubeconfig string
+	// Fallback is used when neither the API nor the environment yields an address.
+	Fallback []netip.AddrPort
+	// MaxConcurrent caps queries in flight (0: no cap); excess queries get REFUSED.
+	MaxConcurrent int64
+	// Expire is how long an idle upstream connection is kept.
+	Expire time.Duration
+	// HealthCheck is the interval between health checks of an upstream that failed.
+	HealthCheck time.Duration
+}
+
+// Defaults that match CoreDNS's forward plugin.
+const (
+	defaultService     = "kube-dns-upstream"
+	defaultNamespace   = "kube-system"
+	defaultExpire      = 10 * time.Second
+	defaultHealthCheck = 500 * time.Millisecond
+)
+
+// UpstreamSvc forwards every query it receives to the Service's current address.
+type UpstreamSvc struct {
+	Next plugin.Handler
+
+	cfg     Config
+	zones   string        // metrics label: the server block's zones
+	initial upstreamSet   // chosen during setup, used from OnStartup on
+	watch   *serviceWatch // nil without API access
+	tap     *dnstap.Dnstap
+
+	errLimitExceeded error
+	concurrent       atomic.Int64
+
+	current atomic.Pointer[upstream]
+
+	mu      sync.Mutex // serialises switches and guards the fields below
+	active  upstreamSet
+	stopped bool
+}
+
+// upstream is one forwarder over one address list. It is stopped once it has been replaced and the
+// last query using it has returned.
+type upstream struct {
+	fwd      *forward.Forward
+	inflight atomic.Int64
+	retired  atomic.Bool
+	stopOnce sync.Once
+}
+
+// New returns a handler for cfg. Setup gives it the address to start with and, when the Kubernetes
+// API is available, the watch to follow.
+func New(cfg Config) *UpstreamSvc {
+	return &UpstreamSvc{
+		cfg:              cfg,
+		errLimitExceeded: fmt.Errorf("concurrent queries exceeded maximum %d", cfg.MaxConcurrent),
+	}
+}
+
+// Name implements plugin.Handler.
+func (u *UpstreamSvc) Name() string { return pluginName }
+
+var errStopped = errors.New("upstreamsvc is not running")
+
+// ServeDNS implements plugin.Handler.
+func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	if u.cfg.MaxConcurrent > 0 {
+		n := u.concurrent.Add(1)
+		defer u.concurrent.Add(-1)
+		if n > u.cfg.MaxConcurrent {
+			maxConcurrentRejects.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
+			return dns.RcodeRefused, u.errLimitExceeded
+		}
+	}
+
+	up := u.acquire()
+	if up == nil {
+		return dns.RcodeServerFailure, errStopped
+	}
+	rcode, err := up.fwd.ServeDNS(ctx, w, r)
+	u.release(up)
+	if rcode != dns.RcodeServerFailure || err == nil || ctx.Err() != nil {
+		return rcode, err
+	}
+	// forward failed without writing a reply. If the Service moved meanwhile, the query most likely
+	// went to the old ClusterIP; give the new address a chance before failing the client.
+	next := u.acquire()
+	if next == nil {
+		return rcode, err
+	}
+	defer u.release(next)
+	if next == up {
+		return rcode, err
+	}
+	switchRetries.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
+	return next.fwd.ServeDNS(ctx, w, r)
+}
+
+// acquire returns the current upstream with a hold on it, or nil after shutdown.
+func (u *UpstreamSvc) acquire() *upstream {
+	for {
+		up := u.current.Load()
+		if up == nil {
+			return nil
+		}
+		up.inflight.Add(1)
+		if !up.retired.Load() {
+			return up
+		}
+		// Replaced between Load and Add: let go and take the new one.
+		u.release(up)
+	}
+}
+
+func (u *UpstreamSvc) release(up *upstream) {
+	if up.inflight.Add(-1) == 0 && up.retired.Load() {
+		up.stop()
+	}
+}
+
+// retire stops up as soon as no query holds it. Together with acquire this relies on sequentially
+// consistent atomics: either acquire sees retired, or retire sees the hold.
+func (u *UpstreamSvc) retire(up *upstream) {
+	up.retired.Store(true)
+	if up.inflight.Load() == 0 {
+		up.stop()
+	}
+}
+
+func (up *upstream) stop() {
+	up.stopOnce.Do(func() { up.fwd.OnShutdown() })
+}
+
+// OnStartup starts forwarding to the address chosen during setup and starts following the API.
+func (u *UpstreamSvc) OnStartup() error {
+	u.switchTo(u.initial)
+	if u.watch != nil {
+		u.watch.subscribe(u)
+	}
+	return nil
+}
+
+// OnShutdown stops following the API and stops the forwarder once its queries have returned.
+// upstream_info is left alone: on a reload the new instance has already published its series (often
+// with the same labels), and it replaces this block's series whenever it changes them.
+func (u *UpstreamSvc) OnShutdown() error {
+	if u.watch != nil {
+		u.watch.unsubscribe(u)
+	}
+	u.mu.Lock()
+	u.stopped = true
+	old := u.current.Swap(nil)
+	u.mu.Unlock()
+	if old != nil {
+		u.retire(old)
+	}
+	return nil
+}
+
+// follow implements follower: it applies what the API says about the Service.
+func (u *UpstreamSvc) follow(v serviceView) {
+	switch {
+	case v.exists && v.problem == nil:
+		u.switchTo(u.cfg.apiSet(v))
+	case v.exists:
+		log.Errorf("%v; keeping %s", v.problem, u.activeString())
+	default:
+		u.mu.Lock()
+		fromAPI := u.active.source == sourceAPI
+		u.mu.Unlock()
+		if !fromAPI {
+			// Not found, and we never had it from the API: the env/fallback choice made at setup stands.
+			return
+		}
+		if len(u.cfg.Fallback) > 0 {
+			log.Warningf("Service %s/%s was deleted; using fallback", u.cfg.Namespace, u.cfg.Service)
+			u.switchTo(u.cfg.fallbackSet())
+			return
+		}
+		log.Warningf("Service %s/%s was deleted; keeping %s until it is back", u.cfg.Namespace, u.cfg.Service, u.activeString())
+	}
+}
+
+func (u *UpstreamSvc) activeString() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return strings.Join(u.active.addrs, ",")
+}
+
+// switchTo makes set the upstream. Queries already sent keep their forwarder until they return.
+func (u *UpstreamSvc) switchTo(set upstreamSet) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.stopped || len(set.addrs) == 0 {
+		return
+	}
+	old := u.current.Load()
+	if old != nil && slices.Equal(u.active.addrs, set.addrs) {
+		if u.active.source != set.source {
+			u.active.source = set.source
+			u.publishInfo()
+		}
+		return
+	}
+	u.current.Store(&upstream{fwd: u.newForward(set.addrs)})
+	previous := u.active
+	u.active = set
+	u.publishInfo()
+	if old == nil {
+		log.Infof("Forwarding to %s (Service %s/%s, from %s)", strings.Join(set.addrs, ","), u.cfg.Namespace, u.cfg.Service, set.source)
+		return
+	}
+	upstreamChanges.WithLabelValues(u.zones, u.cfg.Service, u.cfg.Namespace).Inc()
+	log.Infof("Service %s/%s moved from %s to %s (from %s)", u.cfg.Namespace, u.cfg.Service,
+		strings.Join(previous.addrs, ","), strings.Join(set.addrs, ","), set.source)
+	u.retire(old)
+}
+
+// publishInfo replaces this block's upstream_info series. Called with u.mu held.
+func (u *UpstreamSvc) publishInfo() {
+	upstreamInfo.DeletePartialMatch(map[string]string{"zones": u.zones, "service": u.cfg.Service, "namespace": u.cfg.Namespace})
+	for _, addr := range u.active.addrs {
+		upstreamInfo.WithLabelValues(u.zones, u.cfg.Service, u.cfg.Namespace, u.active.source, addr).Set(1)
+	}
+}
+
+// newForward builds CoreDNS's forwarder for addrs, with this plugin's transport and timing options.
+func (u *UpstreamSvc) newForward(addrs []string) *forward.Forward {
+	f := forward.New()
+	f.SetProxyOptions(proxy.Options{
+		ForceTCP:           !u.cfg.PreferUDP,
+		PreferUDP:          u.cfg.PreferUDP,
+		HCRecursionDesired: true,
+		HCDomain:           ".",
+	})
+	for _, addr := range addrs {
+		p := proxy.NewProxy(proxyName, addr, transport.DNS)
+		p.SetExpire(u.cfg.Expire)
+		if !u.cfg.PreferUDP {
+			p.GetHealthchecker().SetTCPTransport()
+		}
+		f.SetProxy(p) // starts health checking at forward's default interval
+		if u.cfg.HealthCheck != defaultHealthCheck {
+			// forward keeps its interval unexported; Start again only resets the probe interval. It
+			// also starts a second idle-connection sweeper on the same transport, which ends with the
+			// first one when the proxy is collected.
+			p.Start(u.cfg.HealthCheck)
+		}
+	}
+	f.Next = u.Next
+	if u.tap != nil {
+		f.SetTapPlugin(u.tap)
+	}
+	return f
+}

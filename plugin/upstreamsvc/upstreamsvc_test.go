@@ -1,0 +1,120 @@
+package upstreamsvc
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/coredns/coredns/plugin/pkg/dnstest"
+	"github.com/coredns/coredns/plugin/test"
+
+	"github.com/miekg/dns"
+)
+
+// TestMaxConcurrent holds one query at a slow upstream and checks that the next one is refused.
+func TestMaxConcurrent(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	up, err := listenUpstream("127.0.0.1", 0, net.IPv4(192, 0, 2, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	up.hold = func() {
+		arrived <- struct{}{}
+		<-release
+	}
+
+	u := New(Config{Service: defaultService, Namespace: defaultNamespace, MaxConcurrent: 1, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
+	u.initial = upstreamSet{addrs: []string{up.tcp.Listener.Addr().String()}, source: sourceFallback}
+	if err := u.OnStartup(); err != nil {
+		t.Fatal(err)
+	}
+	defer u.OnShutdown()
+
+	first := make(chan int, 1)
+	go func() {
+		rec := dnstest.NewRecorder(&test.ResponseWriter{})
+		rcode, _ := u.ServeDNS(context.Background(), rec, new(dns.Msg).SetQuestion("slow.example.org.", dns.TypeA))
+		first <- rcode
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("first query never reached the upstream")
+	}
+
+	rejectsBefore := counterSum(maxConcurrentRejects)
+	rcode, err := u.ServeDNS(context.Background(), dnstest.NewRecorder(&test.ResponseWriter{}), new(dns.Msg).SetQuestion("second.example.org.", dns.TypeA))
+	if rcode != dns.RcodeRefused || err == nil {
+		t.Errorf("second query: rcode %d, err %v; want REFUSED with an error", rcode, err)
+	}
+	if n := counterSum(maxConcurrentRejects) - rejectsBefore; n != 1 {
+		t.Errorf("max_concurrent_rejects_total grew by %.0f, want 1", n)
+	}
+	close(release)
+	if rcode := <-first; rcode != dns.RcodeSuccess {
+		t.Errorf("first query: rcode %d, want NOERROR", rcode)
+	}
+}
+
+// TestSwitchKeepsInflightQuery replaces the upstream while a query waits at the old one: the query
+// must still be answered, and the next query must go to the new upstream.
+func TestSwitchKeepsInflightQuery(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	old, next, port := upstreamPair(t)
+	old.hold = func() {
+		arrived <- struct{}{}
+		<-release
+	}
+	oldAddr, nextAddr := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.2:%d", port)
+
+	u := New(Config{Service: defaultService, Namespace: defaultNamespace, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
+	u.initial = upstreamSet{addrs: []string{oldAddr}, source: sourceFallback}
+	if err := u.OnStartup(); err != nil {
+		t.Fatal(err)
+	}
+	defer u.OnShutdown()
+	oldUpstream := u.current.Load()
+
+	answer := make(chan *dns.Msg, 1)
+	go func() {
+		rec := dnstest.NewRecorder(&test.ResponseWriter{})
+		u.ServeDNS(context.Background(), rec, new(dns.Msg).SetQuestion("inflight.example.org.", dns.TypeA))
+		answer <- rec.Msg
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("query never reached the old upstream")
+	}
+
+	u.switchTo(upstreamSet{addrs: []string{nextAddr}, source: sourceAPI})
+	if !oldUpstream.retired.Load() || oldUpstream.inflight.Load() != 1 {
+		t.Fatalf("old upstream: retired %v, %d in flight; want retired with the held query", oldUpstream.retired.Load(), oldUpstream.inflight.Load())
+	}
+	rec := dnstest.NewRecorder(&test.ResponseWriter{})
+	u.ServeDNS(context.Background(), rec, new(dns.Msg).SetQuestion("new.example.org.", dns.TypeA))
+	if rec.Msg == nil || len(rec.Msg.Answer) != 1 || !rec.Msg.Answer[0].(*dns.A).A.Equal(net.IPv4(192, 0, 2, 2)) {
+		t.Errorf("query after the switch: %v, want 192.0.2.2", rec.Msg)
+	}
+
+	close(release)
+	select {
+	case m := <-answer:
+		if m == nil || len(m.Answer) != 1 || !m.Answer[0].(*dns.A).A.Equal(net.IPv4(192, 0, 2, 1)) {
+			t.Errorf("in-flight query: %v, want 192.0.2.1 from the old upstream", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("in-flight query never returned")
+	}
+	if next.queries() != 1 {
+		t.Errorf("new upstream got %d queries, want 1", next.queries())
+	}
+	if oldUpstream.inflight.Load() != 0 {
+		t.Errorf("old upstream still has %d queries in flight", oldUpstream.inflight.Load())
+	}
+}
