@@ -33,6 +33,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/whoami"
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
 )
 
 func main() {
