@@ -190,14 +190,20 @@ done
 
 echo
 awk -v rounds="$ROUNDS" '
+    # median of a[1..n], sorted in place (insertion sort: mawk has no asort)
+    function median(a, n,    i, j, v) {
+        for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
     { qps[$1, $2] = $3; cpu[$1, $2] = $4 }
     END {
         for (r = 1; r <= rounds; r++) {
-            qr = qps[r, "wirecache"] / qps[r, "stock"]; cr = cpu[r, "stock"] / cpu[r, "wirecache"]
-            printf "round %d: q/s wirecache/stock %.2fx   CPU-us/query stock/wirecache %.2fx\n", r, qr, cr
+            qr[r] = qps[r, "wirecache"] / qps[r, "stock"]; cr[r] = cpu[r, "stock"] / cpu[r, "wirecache"]
+            printf "round %d: q/s wirecache/stock %.2fx   CPU-us/query stock/wirecache %.2fx\n", r, qr[r], cr[r]
             sq += qps[r, "stock"]; wq += qps[r, "wirecache"]; sc += cpu[r, "stock"]; wc += cpu[r, "wirecache"]
         }
         printf "\nmean over %d rounds: stock %.0f q/s, %.2f CPU-us/query; wirecache %.0f q/s, %.2f CPU-us/query\n", \
             rounds, sq / rounds, sc / rounds, wq / rounds, wc / rounds
-        printf "ratio: %.2fx q/s, %.2fx less CPU per query\n", wq / sq, sc / wc
+        printf "ratio of the means: %.2fx q/s, %.2fx less CPU per query\n", wq / sq, sc / wc
+        printf "median of the per-round ratios: %.2fx q/s, %.2fx less CPU per query\n", median(qr, rounds), median(cr, rounds)
     }' "$results"

@@ -127,7 +127,7 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 			}
 		}
 	}
-	wc.init()
+	wc.prepare()
 	return wc, nil
 }
 

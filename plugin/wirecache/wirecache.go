@@ -55,12 +55,12 @@ func New() *WireCache {
 		b := make([]byte, 0, maxEntryWire+optLen)
 		return &b
 	}
-	wc.init()
+	wc.prepare()
 	return wc
 }
 
-// init applies Zones and Capacity; it runs again after the Corefile is parsed.
-func (wc *WireCache) init() {
+// prepare applies Zones and Capacity; parse calls it again once the Corefile has set them.
+func (wc *WireCache) prepare() {
 	wc.allZones = len(wc.Zones) == 1 && wc.Zones[0] == "."
 	wc.store = newStore(wc.Capacity)
 }

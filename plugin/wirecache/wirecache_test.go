@@ -194,7 +194,7 @@ func TestExpiresWithSmallestTTL(t *testing.T) {
 func TestZones(t *testing.T) {
 	f := newFixture(t)
 	f.wc.Zones = []string{"example.net."}
-	f.wc.init()
+	f.wc.prepare()
 	hits0, misses0 := counters()
 	for range 2 {
 		if _, called := f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client); !called {
@@ -205,7 +205,7 @@ func TestZones(t *testing.T) {
 		t.Error("queries outside ZONES were counted")
 	}
 	f.wc.Zones = []string{"example.org."}
-	f.wc.init()
+	f.wc.prepare()
 	f.ask(newQuery("www.example.org.", dns.TypeA, 1232, false), udp4Client)
 	if _, called := f.ask(newQuery("WWW.EXAMPLE.ORG.", dns.TypeA, 1232, false), udp4Client); called {
 		t.Error("query inside ZONES missed")
@@ -256,7 +256,7 @@ func TestStepAside(t *testing.T) {
 func TestCapacity(t *testing.T) {
 	f := newFixture(t)
 	f.wc.Capacity = 2
-	f.wc.init()
+	f.wc.prepare()
 	for _, name := range []string{"www.example.org.", "alias.example.org.", "mid.example.org.", "big.example.org."} {
 		f.ask(newQuery(name, dns.TypeA, 1232, false), udp4Client)
 		f.ask(newQuery(name, dns.TypeTXT, 1232, false), udp4Client)
