@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	clog "github.com/coredns/coredns/plugin/pkg/log"
@@ -40,14 +41,24 @@ type DropIn struct {
 	// Reload makes CoreDNS load a Corefile written after the first; nil leaves it to the reload plugin.
 	Reload func() error
 
+	mu        sync.Mutex // serialises Sync and guards the fields below
 	lastInput [sha256.Size]byte
 	written   []byte
+}
+
+// Written returns the Corefile last written, or nil before the first.
+func (d *DropIn) Written() []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.written
 }
 
 // Sync renders the Corefile from the current inputs and writes it if it changed. The first Sync writes a
 // Corefile even when the kube-dns ConfigMap is bad, without it, so that the node cache can start; after
 // that a bad input leaves the Corefile as it was. Every failure is returned and counted.
 func (d *DropIn) Sync() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	SetupErrors.WithLabelValues(ConfigMapError).Add(0)
 	base, err := os.ReadFile(d.Base)
 	if err != nil {

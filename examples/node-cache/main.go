@@ -44,5 +44,8 @@ func main() {
 	if err := dnsserver.SetDirectives(directives); err != nil {
 		log.Fatalf("node-cache: setting the directive order: %v", err)
 	}
+	if err := startDropIn(directives); err != nil {
+		log.Fatalf("node-cache: %v", err)
+	}
 	coremain.Run()
 }

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"time"
+
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+)
+
+// nodeCache holds upstream node-cache's flags, defined on the command line next to CoreDNS's.
+var nodeCache = registerNodeCacheFlags(flag.CommandLine)
+
+// startDropIn parses the command line and, in node-cache's drop-in mode (-localip given), writes the
+// Corefile CoreDNS is about to load and keeps it in step with the ConfigMaps until the process ends.
+// directives are the ones compiled in; a Corefile using others is refused before CoreDNS sees it.
+// Without -localip it does nothing and the binary is a plain CoreDNS.
+func startDropIn(directives []string) error {
+	flag.Parse()
+	d, err := nodeCache.dropIn(flag.CommandLine)
+	if err != nil || d == nil {
+		return err
+	}
+	return runDropIn(context.Background(), d, directives, nodeCache.metricsListenAddress, corefile.DefaultSyncPeriod)
+}
+
+// runDropIn writes the first Corefile, starts the watch and, when asked, node-cache's metrics listener.
+func runDropIn(ctx context.Context, d *corefile.DropIn, directives []string, metricsAddr string, period time.Duration) error {
+	d.Directives = directives
+	if resolv, err := os.ReadFile(corefile.ResolvConf); err == nil {
+		d.Check.ResolvConf = resolv // what `forward . /etc/resolv.conf` will read
+	}
+	if err := d.Sync(); err != nil && d.Written() == nil {
+		return fmt.Errorf("writing %s from %s: %w", d.Output, d.Base, err)
+	}
+	if d.Reload == nil && !slices.Contains(corefileDirectives(d.Written()), "reload") {
+		clog.Warningf("[node-cache] %s has no reload plugin and -reloadwithsignal is off: ConfigMap changes will "+
+			"be written to it but not loaded until the next restart", d.Output)
+	}
+	go d.Watch(ctx, period)
+	if metricsAddr != "" {
+		if err := serveMetrics(ctx, metricsAddr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// corefileDirectives lists the directives of a Corefile.
+func corefileDirectives(c []byte) []string {
+	f, err := corefile.Parse(c)
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, b := range f.Blocks {
+		for _, d := range b.Directives {
+			names = append(names, d.Name)
+		}
+	}
+	return names
+}
+
+// serveMetrics serves the default Prometheus registry, which holds node-cache's setup error counter along
+// with everything CoreDNS registers, on addr.
+func serveMetrics(ctx context.Context, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("-metrics-listen-address: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.Handler())
+	srv := &http.Server{Handler: mux}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			clog.Errorf("[node-cache] metrics listener %s: %v", addr, err)
+		}
+	}()
+	go func() { <-ctx.Done(); srv.Close() }()
+	return nil
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+)
+
+// Defaults of upstream node-cache's flags, where ours keep them.
+const (
+	defaultBaseCorefile = "/etc/coredns/Corefile.base"
+	defaultCorefile     = "/etc/Corefile"
+	defaultKubeDNSCM    = "/etc/kube-dns" // used when it exists and -kubednscm is not given, as node-cache does
+	defaultUpstreamSvc  = "kube-dns"
+	defaultHealthPort   = "8080"
+	defaultSyncInterval = 60 * time.Second
+)
+
+// nodeCacheFlags are upstream node-cache's flags, with its meanings, so that its DaemonSet arguments work
+// unchanged. They take effect in drop-in mode, which -localip turns on: the base Corefile is expanded into
+// the Corefile CoreDNS runs (see corefile.Expand), and the networking flags become notrack and upstreamsvc
+// directives there rather than code of their own.
+type nodeCacheFlags struct {
+	localIP                 string
+	upstreamSvc             string
+	baseCorefile            string
+	corefile                string
+	kubeDNSCM               string
+	setupInterface          bool
+	setupIptables           bool
+	skipTeardown            bool
+	interfaceName           string
+	syncInterval            syncInterval
+	healthPort              string
+	metricsListenAddress    string
+	prometheusListenAddress string
+	reloadWithSignal        bool
+}
+
+// registerNodeCacheFlags defines the flags on fs. CoreDNS's own -conf, -dns.port and -pidfile are defined
+// by coremain and read back from fs when the flags are applied.
+func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
+	f := &nodeCacheFlags{syncInterval: syncInterval(defaultSyncInterval)}
+	fs.StringVar(&f.localIP, "localip", "", "comma-separated IP addresses the cache listens on; turns on node-cache's drop-in mode")
+	fs.StringVar(&f.upstreamSvc, "upstreamsvc", defaultUpstreamSvc, "Service (in kube-system) in front of the cluster DNS: `forward . __PILLAR__CLUSTER__DNS__` becomes upstreamsvc for it")
+	fs.StringVar(&f.baseCorefile, "basecorefile", defaultBaseCorefile, "template Corefile (the node-local-dns ConfigMap)")
+	fs.StringVar(&f.corefile, "corefile", defaultCorefile, "where to write the Corefile CoreDNS runs, unless -conf names it")
+	fs.StringVar(&f.kubeDNSCM, "kubednscm", "", "directory of the kube-dns ConfigMap (stubDomains, upstreamNameservers); default "+defaultKubeDNSCM+" when it exists")
+	fs.BoolVar(&f.setupInterface, "setupinterface", true, "put the local IPs on a node-local interface (notrack; false adds no_interface)")
+	fs.BoolVar(&f.setupIptables, "setupiptables", true, "install the NOTRACK rules (notrack; false adds no_rules)")
+	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
+	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
+	fs.Var(&f.syncInterval, "syncinterval", `how often the rules and interface are checked (notrack sync), "60" or "60s"`)
+	fs.StringVar(&f.healthPort, "health-port", defaultHealthPort, "port of the health plugin, exempted from connection tracking (notrack ports)")
+	fs.StringVar(&f.metricsListenAddress, "metrics-listen-address", "", "HOST:PORT for node-cache's own /metrics; empty serves them only through the prometheus plugin")
+	fs.StringVar(&f.prometheusListenAddress, "prometheus-listen-address", "", "HOST:PORT for "+corefile.PrometheusEndpointVar+"; default the first -localip, port 9253")
+	fs.BoolVar(&f.reloadWithSignal, "reloadwithsignal", false, "reload CoreDNS with SIGUSR1 to itself after writing a new Corefile, instead of leaving it to the reload plugin")
+	return f
+}
+
+// syncInterval is -syncinterval. A bare number is seconds ("60"); a duration is itself ("60s", "1m").
+// Upstream node-cache declares the flag as a duration but multiplies it by a second, so its users write
+// "1ns" for one second; a duration under a millisecond keeps that meaning: its nanoseconds are seconds.
+type syncInterval time.Duration
+
+func (s *syncInterval) String() string { return time.Duration(*s).String() }
+
+func (s *syncInterval) Set(v string) error {
+	var d time.Duration
+	if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+		d = time.Duration(n) * time.Second
+	} else if d, err = time.ParseDuration(v); err != nil {
+		return fmt.Errorf("want seconds (60) or a duration (60s): %w", err)
+	}
+	if d > 0 && d < time.Millisecond {
+		d = time.Duration(d.Nanoseconds()) * time.Second
+	}
+	if d <= 0 {
+		return fmt.Errorf("%q: the interval must be positive", v)
+	}
+	*s = syncInterval(d)
+	return nil
+}
+
+// dropInOnly are the flags that mean nothing without -localip.
+var dropInOnly = []string{"upstreamsvc", "basecorefile", "corefile", "kubednscm", "setupinterface", "setupiptables",
+	"skipteardown", "interfacename", "syncinterval", "health-port", "metrics-listen-address",
+	"prometheus-listen-address", "reloadwithsignal"}
+
+// dropIn turns the parsed flags into a corefile.DropIn, or returns nil when -localip is absent and the
+// binary is a plain CoreDNS. It names the Corefile it writes in -conf, so that CoreDNS loads it.
+func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.localIP == "" {
+		var stray []string
+		for _, name := range dropInOnly {
+			if set[name] {
+				stray = append(stray, "-"+name)
+			}
+		}
+		if len(stray) > 0 {
+			return nil, fmt.Errorf("%s only apply with -localip (node-cache's drop-in mode)", strings.Join(stray, ", "))
+		}
+		return nil, nil
+	}
+
+	var errs []error
+	var localIPs []netip.Addr
+	for _, s := range strings.Split(f.localIP, ",") {
+		ip, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
+			errs = append(errs, fmt.Errorf("-localip: %q is not a unicast IP address", s))
+			continue
+		}
+		localIPs = append(localIPs, ip)
+	}
+	healthPort, err := parsePort(f.healthPort)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-health-port: %w", err))
+	}
+	dnsPort, err := parsePort(lookupFlag(fs, "dns.port", "53"))
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-dns.port: %w", err))
+	}
+	for name, addr := range map[string]string{"metrics-listen-address": f.metricsListenAddress, "prometheus-listen-address": f.prometheusListenAddress} {
+		if addr == "" {
+			continue
+		}
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("-%s: %q is not HOST:PORT (IPv6 in brackets): %w", name, addr, err))
+		} else if _, err := parsePort(port); err != nil {
+			errs = append(errs, fmt.Errorf("-%s: %w", name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	prometheus := f.prometheusListenAddress
+	if prometheus == "" {
+		prometheus = netip.AddrPortFrom(localIPs[0], corefile.DefaultMetricsPort).String()
+	}
+	notrack := corefile.Notrack{
+		Interface:    f.interfaceName,
+		NoInterface:  !f.setupInterface,
+		NoRules:      !f.setupIptables,
+		SkipTeardown: f.skipTeardown,
+	}
+	if set["syncinterval"] {
+		notrack.Sync = time.Duration(f.syncInterval)
+	}
+
+	kubeDNSDir := f.kubeDNSCM
+	if kubeDNSDir == "" {
+		if st, err := os.Stat(defaultKubeDNSCM); err == nil && st.IsDir() {
+			kubeDNSDir = defaultKubeDNSCM
+		}
+	}
+	output := lookupFlag(fs, "conf", "")
+	if output == "" {
+		output = f.corefile
+		if err := fs.Set("conf", output); err != nil {
+			return nil, fmt.Errorf("pointing -conf at %s: %w", output, err)
+		}
+	}
+	d := &corefile.DropIn{
+		Base:       f.baseCorefile,
+		KubeDNSDir: kubeDNSDir,
+		Output:     output,
+		Expansion: corefile.Expansion{
+			LocalIPs:           localIPs,
+			Upstream:           &corefile.Upstream{Service: f.upstreamSvc},
+			PrometheusEndpoint: prometheus,
+			Notrack:            &notrack,
+			NotrackPorts:       []uint16{healthPort},
+			Port:               dnsPort,
+		},
+	}
+	if f.reloadWithSignal {
+		d.Reload = func() error { return syscall.Kill(os.Getpid(), syscall.SIGUSR1) }
+	}
+	return d, nil
+}
+
+func lookupFlag(fs *flag.FlagSet, name, def string) string {
+	if fl := fs.Lookup(name); fl != nil {
+		return fl.Value.String()
+	}
+	return def
+}
+
+func parsePort(s string) (uint16, error) {
+	n, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%q is not a port in 1-65535", s)
+	}
+	return uint16(n), nil
+}
