@@ -160,7 +160,9 @@ clk_tck=$(getconf CLK_TCK)
 results="$work/results"
 : >"$results"
 echo
-printf '%-6s %-10s %12s %12s %10s %14s\n' round variant queries "q/s" lost "CPU-us/query"
+# "server core" is the server's CPU time over the run's wall time: well under 100 % means something else
+# took the server's CPU during that run, and its q/s is lower for it.
+printf '%-6s %-10s %12s %12s %10s %14s %12s\n' round variant queries "q/s" lost "CPU-us/query" "server core"
 for round in $(seq 1 "$ROUNDS"); do
     order=(stock wirecache)
     [ $((round % 2)) -eq 0 ] && order=(wirecache stock)
@@ -183,7 +185,9 @@ for round in $(seq 1 "$ROUNDS"); do
         [ "$variant" = wirecache ] && served=$hits
         awk -v s="$served" -v n="$completed" 'BEGIN { exit !(s >= 0.99 * n) }' ||
             die "$variant: only $served of $completed queries were hits of the layer under test"
-        printf '%-6s %-10s %12s %12s %10s %14s\n' "$round" "$variant" "$completed" "$qps" "$lost" "$cpu_us"
+        runtime=$(awk '/Run time \(s\):/ { print $4 }' <<<"$out")
+        core=$(awk -v t=$((ticks_after - ticks_before)) -v hz="$clk_tck" -v s="$runtime" 'BEGIN { printf "%.0f%%", t / hz / s * 100 }')
+        printf '%-6s %-10s %12s %12s %10s %14s %12s\n' "$round" "$variant" "$completed" "$qps" "$lost" "$cpu_us" "$core"
         echo "$round $variant $qps $cpu_us" >>"$results"
     done
 done
