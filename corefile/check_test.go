@@ -224,6 +224,28 @@ func TestCheckMemoryFigures(t *testing.T) {
 	}
 }
 
+func TestCheckMemoryWithWireCache(t *testing.T) {
+	// The rendered iptables Corefile: 8 caches of 9984 entries and 4 wirecaches of 10000, about 150 MiB.
+	out, err := Render(goldenConfigs["iptables"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	hazards, _ := Check(out, CheckOptions{MemoryLimit: 128 << 20})
+	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory || !strings.Contains(hazards[0].Problem, "(and wirecache 40000)") ||
+		!strings.Contains(hazards[0].Fix, "151 MiB") {
+		t.Errorf("got %v", hazards)
+	}
+	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 160 << 20}); len(hazards) != 0 {
+		t.Errorf("160 MiB is enough: %v", hazards)
+	}
+	// With log, wirecache steps aside and holds nothing.
+	logged := strings.Replace(string(out), "    wirecache\n", "    wirecache\n    log\n", 1)
+	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 128 << 20})
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "(and wirecache 30000)") {
+		t.Errorf("got %v", hazards)
+	}
+}
+
 func TestCheckParseError(t *testing.T) {
 	if _, err := Check([]byte(".:53 {\n  forward . 1.1.1.1 {\n}\n"), CheckOptions{}); err == nil {
 		t.Error("no error for unbalanced braces")
