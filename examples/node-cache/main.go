@@ -34,6 +34,7 @@ import (
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
 )
 
 func main() {
