@@ -56,17 +56,8 @@ for p in "$upstream_port" "${port[@]}" "${metrics_port[@]}"; do
     fi
 done
 
-# The node-cache build. Until examples/node-cache imports wirecache itself, a build overlay adds the import
-# (one blank import in an extra file), so the binary is otherwise exactly the node-cache main.
-wirecache_pkg=github.com/nodelocaldns/nodelocaldns/plugin/wirecache
-build_flags=()
-if ! go list -deps ./examples/node-cache | grep -qx "$wirecache_pkg"; then
-    printf 'package main\n\nimport _ "%s"\n' "$wirecache_pkg" >"$work/wirecache_import.go"
-    printf '{"Replace":{"%s":"%s"}}\n' "$repo/examples/node-cache/zz_bench_wirecache_import.go" "$work/wirecache_import.go" >"$work/overlay.json"
-    build_flags=(-overlay "$work/overlay.json")
-    echo "note: examples/node-cache does not import wirecache yet; building it with the import added by an overlay"
-fi
-go build "${build_flags[@]}" -o "$work/node-cache" ./examples/node-cache
+# The node-cache build, which compiles wirecache in.
+go build -o "$work/node-cache" ./examples/node-cache
 
 # The zone and the queries: 16 services, A and AAAA, all answered from the caches after warm-up.
 {
