@@ -1,0 +1,155 @@
+// Package kubernetes holds ready-to-apply NodeLocal DNSCache manifests (iptables mode, IPVS mode,
+// dual-stack), the typed configuration each one implements, and a strict loader that reads them into
+// Kubernetes API types. README.md is the operator's guide.
+package kubernetes
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"net/netip"
+	"regexp"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+)
+
+//go:embed *.yaml
+var files embed.FS
+
+// Manifest is one manifest file and the node-cache configuration it implements: its ConfigMap holds
+// corefile.Template(Config), and its DaemonSet's arguments give corefile.Render(Config).
+type Manifest struct {
+	File   string
+	Config corefile.Config
+}
+
+func addrs(ss ...string) []netip.Addr {
+	out := make([]netip.Addr, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddr(s)
+	}
+	return out
+}
+
+// Manifests lists the manifests in this directory.
+var Manifests = []Manifest{
+	{File: "nodelocaldns-iptables.yaml", Config: corefile.Config{
+		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
+	}},
+	{File: "nodelocaldns-ipvs.yaml", Config: corefile.Config{
+		Mode: corefile.ModeIPVS, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
+	}},
+	{File: "nodelocaldns-dualstack.yaml", Config: corefile.Config{
+		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10", "fd00:169:254::10"),
+		ClusterDNSIPs: addrs("10.96.0.10", "fd00:10:96::a"),
+	}},
+}
+
+// Objects are the API objects of a manifest, decoded strictly.
+type Objects struct {
+	ServiceAccounts []*corev1.ServiceAccount
+	Roles           []*rbacv1.Role
+	RoleBindings    []*rbacv1.RoleBinding
+	Services        []*corev1.Service
+	ConfigMaps      []*corev1.ConfigMap
+	DaemonSets      []*appsv1.DaemonSet
+}
+
+// Load reads one of the embedded manifests.
+func Load(file string) (*Objects, error) {
+	data, err := files.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return objs, nil
+}
+
+var documentSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// Decode splits a multi-document YAML manifest and decodes every document into its API type with
+// sigs.k8s.io/yaml's strict mode: an unknown or duplicate field is an error, as is a kind this package does
+// not expect or an apiVersion that is not the kind's.
+func Decode(data []byte) (*Objects, error) {
+	objs := &Objects{}
+	for i, doc := range documentSeparator.Split(string(data), -1) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		if tm.Kind == "" && tm.APIVersion == "" && isEmpty([]byte(doc)) {
+			continue
+		}
+		var obj any
+		var want string
+		switch tm.Kind {
+		case "ServiceAccount":
+			o := &corev1.ServiceAccount{}
+			objs.ServiceAccounts, obj, want = append(objs.ServiceAccounts, o), o, "v1"
+		case "Service":
+			o := &corev1.Service{}
+			objs.Services, obj, want = append(objs.Services, o), o, "v1"
+		case "ConfigMap":
+			o := &corev1.ConfigMap{}
+			objs.ConfigMaps, obj, want = append(objs.ConfigMaps, o), o, "v1"
+		case "Role":
+			o := &rbacv1.Role{}
+			objs.Roles, obj, want = append(objs.Roles, o), o, rbacv1.SchemeGroupVersion.String()
+		case "RoleBinding":
+			o := &rbacv1.RoleBinding{}
+			objs.RoleBindings, obj, want = append(objs.RoleBindings, o), o, rbacv1.SchemeGroupVersion.String()
+		case "DaemonSet":
+			o := &appsv1.DaemonSet{}
+			objs.DaemonSets, obj, want = append(objs.DaemonSets, o), o, appsv1.SchemeGroupVersion.String()
+		default:
+			return nil, fmt.Errorf("document %d: unexpected kind %q", i+1, tm.Kind)
+		}
+		if tm.APIVersion != want {
+			return nil, fmt.Errorf("document %d: %s has apiVersion %q, want %q", i+1, tm.Kind, tm.APIVersion, want)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			return nil, fmt.Errorf("document %d (%s): %w", i+1, tm.Kind, err)
+		}
+	}
+	return objs, nil
+}
+
+// isEmpty reports whether a YAML document has nothing but comments and blank lines.
+func isEmpty(doc []byte) bool {
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) > 0 && line[0] != '#' {
+			return false
+		}
+	}
+	return true
+}
+
+// ConfigMap returns the object's ConfigMap named name, or nil.
+func (o *Objects) ConfigMap(name string) *corev1.ConfigMap {
+	for _, c := range o.ConfigMaps {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Service returns the object's Service named name, or nil.
+func (o *Objects) Service(name string) *corev1.Service {
+	for _, s := range o.Services {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
