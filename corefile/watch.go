@@ -60,21 +60,20 @@ func (d *DropIn) Sync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	SetupErrors.WithLabelValues(ConfigMapError).Add(0)
-	base, err := os.ReadFile(d.Base)
-	if err != nil {
-		return d.fail(fmt.Errorf("reading the base Corefile: %w", err))
-	}
+	base, baseErr := os.ReadFile(d.Base)
 	kd, kdErr := KubeDNS{}, error(nil)
-	var kdRaw []byte
 	if d.KubeDNSDir != "" {
 		kd, kdErr = ReadKubeDNSDir(d.KubeDNSDir)
-		kdRaw = fmt.Appendf(nil, "%v%v", kd, kdErr)
 	}
-	input := sha256.Sum256(slices.Concat(base, []byte{0}, kdRaw))
+	// The same inputs, good or bad, are acted on (and a failure counted) once.
+	input := sha256.Sum256(slices.Concat(base, fmt.Appendf(nil, "\x00%v\x00%v\x00%v", baseErr, kd, kdErr)))
 	if input == d.lastInput && d.written != nil {
 		return nil
 	}
 	d.lastInput = input
+	if baseErr != nil {
+		return d.fail(fmt.Errorf("reading the base Corefile: %w", baseErr))
+	}
 	if kdErr != nil {
 		if d.written != nil {
 			return d.fail(fmt.Errorf("kube-dns ConfigMap change kept out, the Corefile stays as it was: %w", kdErr))

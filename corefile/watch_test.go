@@ -144,6 +144,26 @@ func TestDropInStartsWithoutBadConfigMap(t *testing.T) {
 	}
 }
 
+func TestDropInBaseRemoved(t *testing.T) {
+	fx := newDropInFixture(t)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	good := fx.output(t)
+	if err := os.Remove(fx.d.Base); err != nil {
+		t.Fatal(err)
+	}
+	before := configMapErrors()
+	for range 3 {
+		if err := fx.d.Sync(); err != nil && !strings.Contains(err.Error(), "reading the base Corefile") {
+			t.Fatal(err)
+		}
+	}
+	if configMapErrors()-before != 1 || fx.output(t) != good {
+		t.Errorf("a removed base: counted %v times, Corefile kept %v", configMapErrors()-before, fx.output(t) == good)
+	}
+}
+
 func TestDropInBaseMissing(t *testing.T) {
 	fx := newDropInFixture(t)
 	fx.d.Base = filepath.Join(t.TempDir(), "missing")
