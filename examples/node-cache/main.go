@@ -1,8 +1,10 @@
 // Command node-cache is a CoreDNS build for a Kubernetes NodeLocal DNSCache.
 //
 // It compiles in only the plugins a node cache needs plus the nodelocaldns plugins, and executes them in
-// the order of the repository's plugin.cfg. Flags and behaviour are CoreDNS's own (-conf, -dns.port,
-// -pidfile, SIGUSR1 reload, SIGTERM shutdown).
+// the order of the repository's plugin.cfg. Without -localip it is plain CoreDNS (-conf, -dns.port,
+// -pidfile, SIGUSR1 reload, SIGTERM shutdown). With -localip it is a drop-in for upstream's node-cache
+// binary: its flags expand a base Corefile and the kube-dns ConfigMap into the Corefile it serves (see
+// flags.go and dropin.go).
 package main
 
 import (
