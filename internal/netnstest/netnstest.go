@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -44,6 +45,9 @@ const EnvNamespace = "NODELOCALDNS_NETNSTEST_NAMESPACE"
 
 // EnvXtablesLock is the variable iptables reads for the path of its lock file.
 const EnvXtablesLock = "XTABLES_LOCKFILE"
+
+// benchmarksRun holds the names of the benchmarks whose child has run.
+var benchmarksRun sync.Map
 
 // namespaceSeq numbers the namespaces one test process creates, so parallel tests get distinct names.
 var namespaceSeq atomic.Int64
@@ -92,6 +96,13 @@ func checkInside(name string) error {
 func runChild(tb testing.TB) {
 	tb.Helper()
 	b, isBench := tb.(*testing.B)
+	if isBench {
+		// The child runs the benchmark -test.count times; the parent may call it again, but must not
+		// start another child.
+		if _, done := benchmarksRun.LoadOrStore(tb.Name(), true); done {
+			b.Skip("netnstest: already ran in a namespace of its own")
+		}
+	}
 	name := fmt.Sprintf("nlt-%d-%d", os.Getpid(), namespaceSeq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		tb.Fatalf("netnstest: ip netns add %s: %v: %s", name, err, bytesTrim(out))
@@ -169,11 +180,15 @@ func relay(tb testing.TB, r io.Reader, raw bool) {
 
 // childFlags selects exactly tb in the child and passes on the flags that shape its run.
 func childFlags(tb testing.TB, isBench bool) []string {
-	pattern := namePattern(tb.Name())
+	selector := "test.run"
+	if isBench {
+		selector = "test.bench"
+	}
+	pattern := namePattern(tb.Name()) + deeperPattern(lookupFlag(selector), tb.Name())
 	flags := []string{"-test.v=true"}
 	if isBench {
 		flags = append(flags, "-test.run=^$", "-test.bench="+pattern)
-		for _, f := range []string{"test.benchtime", "test.benchmem", "test.cpu"} {
+		for _, f := range []string{"test.benchtime", "test.benchmem", "test.cpu", "test.count"} {
 			flags = appendFlag(flags, f)
 		}
 	} else {
@@ -200,6 +215,20 @@ func namePattern(name string) string {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
 	return strings.Join(parts, "/")
+}
+
+// deeperPattern returns the elements of the parent's -test.run or -test.bench pattern that select below
+// name ("/b" of "A/b" for test A), so that the child runs the same subtests the parent would have.
+func deeperPattern(parent, name string) string {
+	if parent == "" {
+		return ""
+	}
+	parts := strings.Split(parent, "/")
+	depth := strings.Count(name, "/") + 1
+	if len(parts) <= depth {
+		return ""
+	}
+	return "/" + strings.Join(parts[depth:], "/")
 }
 
 func deadline(tb testing.TB) (time.Time, bool) {

@@ -132,3 +132,19 @@ func TestChildFailureFailsParent(t *testing.T) {
 		}
 	}
 }
+
+func TestDeeperPattern(t *testing.T) {
+	tests := []struct{ parent, name, want string }{
+		{"", "TestA", ""},
+		{"TestA", "TestA", ""},
+		{"TestA/sub", "TestA", "/sub"},
+		{"BenchmarkSync/backend=nft/table=raw", "BenchmarkSync", "/backend=nft/table=raw"},
+		{"BenchmarkSync/backend=nft/table=raw", "BenchmarkSync/backend=nft", "/table=raw"},
+		{"TestA/sub", "TestA/sub", ""},
+	}
+	for _, tc := range tests {
+		if got := deeperPattern(tc.parent, tc.name); got != tc.want {
+			t.Errorf("deeperPattern(%q, %q) = %q, want %q", tc.parent, tc.name, got, tc.want)
+		}
+	}
+}

@@ -244,7 +244,7 @@ func (m *Manager) view(ctx context.Context, fam Family) (view, error) {
 		return nil, err
 	}
 	if m.backend.Mode == Legacy {
-		return &saveView{m: m, tools: t, tables: map[Table]TableState{}}, nil
+		return &saveView{m: m, tools: t, tables: map[Table][]byte{}}, nil
 	}
 	return &listView{m: m, tools: t}, nil
 }
@@ -295,35 +295,35 @@ func (v *listView) first(ctx context.Context, t Table, name string) (Rule, error
 }
 
 // saveView reads each table once with iptables-save: legacy iptables copies the whole table from the
-// kernel for any command, so one read per table is the cheapest it gets.
+// kernel for any command, so one read per table is the cheapest it gets. Only the lines of the chains
+// asked for are parsed.
 type saveView struct {
 	m      *Manager
 	tools  *Tools
-	tables map[Table]TableState
+	tables map[Table][]byte
 }
 
-func (v *saveView) table(ctx context.Context, t Table) (TableState, error) {
-	if st, ok := v.tables[t]; ok {
-		return st, nil
+func (v *saveView) table(ctx context.Context, t Table) ([]byte, error) {
+	if out, ok := v.tables[t]; ok {
+		return out, nil
 	}
 	out, err := v.m.run.run(ctx, nil, v.tools.Save, "-t", string(t))
 	if err != nil {
-		return TableState{}, err
+		return nil, err
 	}
-	st, err := parseRules(out, t)
-	if err != nil {
-		return TableState{}, fmt.Errorf("parse %s -t %s: %w", v.tools.Save, t, err)
-	}
-	v.tables[t] = st
-	return st, nil
+	v.tables[t] = out
+	return out, nil
 }
 
 func (v *saveView) chain(ctx context.Context, t Table, name string) ([]Rule, bool, error) {
-	st, err := v.table(ctx, t)
+	out, err := v.table(ctx, t)
 	if err != nil {
 		return nil, false, err
 	}
-	rules, ok := st.Chains[name]
+	rules, ok, err := chainFromSave(out, t, name)
+	if err != nil {
+		return nil, false, fmt.Errorf("parse %s -t %s: %w", v.tools.Save, t, err)
+	}
 	return rules, ok, nil
 }
 

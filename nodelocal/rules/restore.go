@@ -226,6 +226,43 @@ func parseRules(out []byte, table Table) (TableState, error) {
 	return st, nil
 }
 
+// chainFromSave returns one chain's rules from iptables-save output, and whether the table has the chain,
+// parsing no other chain's rules.
+func chainFromSave(out []byte, table Table, name string) ([]Rule, bool, error) {
+	header := []byte("*" + string(table) + "\n")
+	i := bytes.Index(out, header)
+	if i < 0 {
+		return nil, false, fmt.Errorf("no table %s in the output", table)
+	}
+	section := out[i+len(header):]
+	if end := bytes.Index(section, []byte("\nCOMMIT")); end >= 0 {
+		section = section[:end+1]
+	}
+	declared := []byte(":" + name + " ")
+	prefix := []byte("-A " + name + " ")
+	exists := false
+	var rules []Rule
+	for len(section) > 0 {
+		line := section
+		if nl := bytes.IndexByte(section, '\n'); nl >= 0 {
+			line, section = section[:nl], section[nl+1:]
+		} else {
+			section = nil
+		}
+		switch {
+		case bytes.HasPrefix(line, declared):
+			exists = true
+		case bytes.HasPrefix(line, prefix):
+			args, err := splitArgs(string(line))
+			if err != nil {
+				return nil, false, err
+			}
+			rules = append(rules, Rule(args[2:]))
+		}
+	}
+	return rules, exists, nil
+}
+
 // target returns the chain or target a rule jumps (or goes) to, or "".
 func target(r Rule) string {
 	for i := len(r) - 2; i >= 0; i-- {

@@ -267,3 +267,35 @@ func TestFailedLine(t *testing.T) {
 		t.Errorf("failedLine = %q", got)
 	}
 }
+
+func TestChainFromSaveMatchesFullParse(t *testing.T) {
+	out := []byte(`*filter
+:INPUT ACCEPT [0:0]
+:NODELOCALDNS - [0:0]
+:NODELOCALDNS-X - [0:0]
+-A INPUT -m comment --comment "nodelocaldns: x" -j NODELOCALDNS
+-A NODELOCALDNS-X -j ACCEPT
+-A NODELOCALDNS -d 169.254.20.10/32 -m comment --comment "a b" -j ACCEPT
+COMMIT
+*raw
+:NODELOCALDNS - [0:0]
+-A NODELOCALDNS -j NOTRACK
+COMMIT
+`)
+	full, err := parseRules(out, Filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"INPUT", "NODELOCALDNS", "NODELOCALDNS-X", "MISSING"} {
+		got, ok, err := chainFromSave(out, Filter, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != full.ChainExists(name) || !sameRules(got, full.Chains[name]) {
+			t.Errorf("%s: %q %v, full parse %q %v", name, got, ok, full.Chains[name], full.ChainExists(name))
+		}
+	}
+	if _, _, err := chainFromSave(out, NAT, "X"); err == nil {
+		t.Error("a missing table is not an error")
+	}
+}

@@ -1,0 +1,28 @@
+// Package nodelocal puts in place, and keeps in place, what a node-local DNS cache needs from the node: a
+// link holding the cache's addresses and iptables rules that exempt its traffic from connection tracking
+// and let it through the filter table.
+//
+// A Reconciler owns both for one node. New takes an exclusive node lock (see package nodelock); users then
+// Acquire leases, each claiming addresses and ports, and the Reconciler serves their union:
+//
+//   - the link (named nodelocaldns, of kind dummy, or a bridge with no ports where the kernel has no dummy
+//     type) is up and holds every claimed address as /32 or /128, IPv6 ones usable at once; addresses we
+//     did not add are reported, never removed (package link);
+//   - chains of our own in the raw and the filter table of iptables and ip6tables, reached by one jump at
+//     position 1 of PREROUTING, OUTPUT and INPUT, hold a NOTRACK and an ACCEPT rule for traffic to and from
+//     each address and port (package rules). The backend, legacy or nft, is the one kube-proxy's rules
+//     live in unless configured.
+//
+// Acquire puts a lease's addresses in place before it returns; its rules follow at once or, with
+// Claim.DeferRules, when Lease.EnableRules is called (once the server answers, so that no traffic is sent
+// to a cache that is not there yet). Ensure repairs whatever changed behind our back and Run calls it
+// periodically; a sync that finds everything in place only reads a few chains, and its cost does not grow
+// with kube-proxy's rules. The last Release, or Teardown, removes the jumps, our chains, and the addresses
+// we added or the link we created. Every call that blocks takes a context and honours its deadline.
+//
+// Errors are *Error values whose Kind matches Kubernetes' node-cache error types (iptables, iptables_lock,
+// interface_add, interface_check), for metrics; see KindOf and Kinds. Status gives a snapshot for
+// readiness checks.
+//
+// Nothing here depends on CoreDNS; the notrack plugin of this repository is one user.
+package nodelocal
