@@ -59,8 +59,26 @@ func (c *Clamp) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) 
 	return plugin.NextOrFailure(c.Name(), c.Next, ctx, cw, r)
 }
 
-// applies reports whether responses to r are clamped. Zone transfers, NOTIFY and UPDATE are left
-// alone: their TTLs are zone data, not cache lifetimes.
+// TTLFloor returns the MIN of the window clamp applies to res, a response that passed through it, and
+// whether clamp applies one: res must be an answer to a query in clamp's zones, and NOERROR or NXDOMAIN.
+// A plugin that replays answers ahead of clamp (wirecache) asks once per answer it stores, and keeps the
+// TTLs it counts down from going below the floor, as clamp would on a cache hit.
+func (c *Clamp) TTLFloor(res *dns.Msg) (floor uint32, ok bool) {
+	if !c.applies(res) {
+		return 0, false
+	}
+	switch classify(res) {
+	case success:
+		return c.Success.Min, true
+	case denial:
+		return c.Denial.Min, true
+	}
+	return 0, false
+}
+
+// applies reports whether responses to r are clamped; r may also be such a response, which has the
+// query's opcode and question. Zone transfers, NOTIFY and UPDATE are left alone: their TTLs are zone
+// data, not cache lifetimes.
 func (c *Clamp) applies(r *dns.Msg) bool {
 	if r.Opcode != dns.OpcodeQuery || len(r.Question) == 0 {
 		return false

@@ -527,3 +527,61 @@ func TestExpiredSignature(t *testing.T) {
 		t.Errorf("answer TTLs %v, want [30 30]", v)
 	}
 }
+
+// TestTTLFloor checks that the floor clamp reports for a response is the MIN it raises that response's
+// TTLs to, and that it reports none for the responses it passes untouched.
+func TestTTLFloor(t *testing.T) {
+	c := New()
+	c.Zones = []string{"example.org."}
+	c.Success = Window{Min: 10, Max: 60}
+	c.Denial = Window{Min: 2, Max: 7}
+	const soa = "example.org. 0 IN SOA ns.example.org. admin.example.org. 1 7200 3600 1209600 0"
+
+	tests := []struct {
+		name   string
+		qname  string
+		qtype  uint16
+		rcode  int
+		answer []string
+		ns     []string
+		floor  uint32
+		ok     bool
+	}{
+		{name: "data", qname: "www.example.org.", qtype: dns.TypeA, answer: []string{"www.example.org. 0 IN A 192.0.2.1"}, floor: 10, ok: true},
+		{name: "referral", qname: "www.sub.example.org.", qtype: dns.TypeA, ns: []string{"sub.example.org. 0 IN NS ns.sub.example.org."}, floor: 10, ok: true},
+		{name: "nxdomain", qname: "nope.example.org.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: []string{soa}, floor: 2, ok: true},
+		{name: "nodata", qname: "www.example.org.", qtype: dns.TypeMX, ns: []string{soa}, floor: 2, ok: true},
+		{name: "cname to nodata", qname: "alias.example.org.", qtype: dns.TypeMX,
+			answer: []string{"alias.example.org. 0 IN CNAME www.example.org."}, ns: []string{soa}, floor: 2, ok: true},
+		{name: "servfail", qname: "www.example.org.", qtype: dns.TypeA, rcode: dns.RcodeServerFailure},
+		{name: "outside the zones", qname: "www.example.net.", qtype: dns.TypeA, answer: []string{"www.example.net. 0 IN A 192.0.2.1"}},
+		{name: "zone transfer", qname: "example.org.", qtype: dns.TypeAXFR, answer: []string{soa}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := new(dns.Msg)
+			req.SetQuestion(tc.qname, tc.qtype)
+			resp := new(dns.Msg)
+			resp.SetReply(req)
+			resp.Rcode = tc.rcode
+			resp.Answer = rrs(t, tc.answer...)
+			resp.Ns = rrs(t, tc.ns...)
+
+			floor, ok := c.TTLFloor(resp)
+			if floor != tc.floor || ok != tc.ok {
+				t.Fatalf("TTLFloor = %d, %v; want %d, %v", floor, ok, tc.floor, tc.ok)
+			}
+			// Every TTL of the response is 0, so clamp raises each to exactly the floor it reports.
+			got := serve(t, serverCtx("ttlfloor:53"), c, req, resp)
+			for _, rr := range append(slices.Clone(got.Answer), got.Ns...) {
+				want := uint32(0)
+				if ok {
+					want = floor
+				}
+				if rr.Header().Ttl != want {
+					t.Errorf("clamp served %s with TTL %d, want %d", rr, rr.Header().Ttl, want)
+				}
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/coredns/coredns/plugin/cache"
 	"github.com/coredns/coredns/plugin/metrics"
 	"github.com/coredns/coredns/request"
+	"github.com/nodelocaldns/nodelocaldns/plugin/clamp"
 
 	"github.com/miekg/dns"
 )
@@ -56,6 +57,20 @@ func runHits(b *testing.B, h plugin.Handler) {
 func BenchmarkHit(b *testing.B) {
 	wc := New()
 	wc.Next = benchChain(b)
+	before := value(hitsTotal.WithLabelValues("dns://:53"))
+	runHits(b, wc)
+	if value(hitsTotal.WithLabelValues("dns://:53")) == before {
+		b.Fatal("no wirecache hits")
+	}
+}
+
+// BenchmarkHitClampFloor is wirecache's hit path in a block with clamp, whose MIN every TTL is compared with.
+func BenchmarkHitClampFloor(b *testing.B) {
+	cl := clamp.New()
+	cl.Next = benchChain(b)
+	wc := New()
+	wc.Next = cl
+	wc.floorer = cl
 	before := value(hitsTotal.WithLabelValues("dns://:53"))
 	runHits(b, wc)
 	if value(hitsTotal.WithLabelValues("dns://:53")) == before {

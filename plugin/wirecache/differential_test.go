@@ -23,23 +23,22 @@ import (
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/whoami"
 
+	"github.com/nodelocaldns/nodelocaldns"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 var directivesOnce sync.Once
 
-// useDirectives puts wirecache into CoreDNS's directive order where plugin.cfg has it: right before
-// prometheus (metrics), so ahead of errors, log and cache.
+// useDirectives sets CoreDNS's directive order to plugin.cfg's, the order every build of ours runs: wirecache
+// ahead of prometheus (metrics), errors, log, clamp and cache.
 func useDirectives(t *testing.T) {
 	directivesOnce.Do(func() {
-		order := slices.Clone(dnsserver.Directives)
-		if !slices.Contains(order, pluginName) {
-			at := slices.Index(order, "prometheus")
-			if at < 0 {
-				t.Fatal("prometheus missing from CoreDNS's directives")
-			}
-			order = slices.Insert(order, at, pluginName)
+		order, err := nodelocaldns.Directives()
+		if err != nil {
+			t.Fatalf("reading plugin.cfg: %v", err)
 		}
 		if err := dnsserver.SetDirectives(order); err != nil {
 			t.Fatal(err)
@@ -304,5 +303,91 @@ func TestStepsAsideForPluginsThatSeeEveryQuery(t *testing.T) {
 	}
 	if after := sumCounter(hitsTotal) + sumCounter(missesTotal); after != before {
 		t.Errorf("wirecache counted %v queries in blocks it must step aside from", after-before)
+	}
+}
+
+// clampZone has TTLs of 5 seconds, so a test sees a wirecache entry count below clamp's MIN of 4 within seconds.
+// Names under in.example.org are in clamp's zones, www.example.org is not.
+const clampZone = `$ORIGIN example.org.
+@          5 IN SOA   ns hostmaster 1 7200 3600 1209600 5
+@          5 IN NS    ns
+ns         5 IN A     192.0.2.53
+www        5 IN A     192.0.2.1
+www.in     5 IN A     192.0.2.2
+`
+
+// TestServerHitsKeepClampWindow runs plugin.cfg's order with wirecache, clamp and cache in one block: a hit
+// whose stored TTLs have counted below clamp's MIN is served with the MIN, as a cache hit through clamp would
+// be, while a name outside clamp's zones keeps counting down.
+func TestServerHitsKeepClampWindow(t *testing.T) {
+	zoneFile := filepath.Join(t.TempDir(), "example.org.db")
+	if err := os.WriteFile(zoneFile, []byte(clampZone), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	upstream, node := freePort(t), freePort(t)
+	startCoreDNS(t, fmt.Sprintf("example.org:%d {\n bind 127.0.0.1\n file %s\n}\n", upstream, zoneFile))
+	startCoreDNS(t, fmt.Sprintf(`.:%d {
+ bind 127.0.0.1
+ wirecache
+ clamp in.example.org {
+  success 4 5
+  denial 4 5
+ }
+ cache
+ forward . 127.0.0.1:%d
+}
+`, node, upstream))
+	addr := fmt.Sprintf("127.0.0.1:%d", node)
+
+	type question struct {
+		name    string
+		qtype   uint16
+		clamped bool
+	}
+	questions := []question{
+		{"www.in.example.org.", dns.TypeA, true},
+		{"nope.in.example.org.", dns.TypeA, true}, // NXDOMAIN: the denial window
+		{"www.example.org.", dns.TypeA, false},
+	}
+	ask := func(qu question) (ttls []uint32, hit bool) {
+		t.Helper()
+		before := sumCounter(hitsTotal)
+		reply := new(dns.Msg)
+		if err := reply.Unpack(exchange(t, newQuery(qu.name, qu.qtype, 1232, false), addr, false)); err != nil {
+			t.Fatal(err)
+		}
+		hit = sumCounter(hitsTotal) > before
+		for _, section := range [][]dns.RR{reply.Answer, reply.Ns, reply.Extra} {
+			for _, r := range section {
+				if r.Header().Rrtype != dns.TypeOPT {
+					ttls = append(ttls, r.Header().Ttl)
+				}
+			}
+		}
+		if len(ttls) == 0 {
+			t.Fatalf("%s: no records in the reply %v", qu.name, reply)
+		}
+		return ttls, hit
+	}
+	for _, qu := range questions {
+		if _, hit := ask(qu); hit {
+			t.Fatalf("%s: first query answered by wirecache", qu.name)
+		}
+	}
+	// Every entry is stored with TTL 5 and lives 5 s; after 2.5 s a hit counts them down to 3 or less.
+	time.Sleep(2500 * time.Millisecond)
+	for _, qu := range questions {
+		ttls, hit := ask(qu)
+		if !hit {
+			t.Fatalf("%s: not answered by wirecache", qu.name)
+		}
+		clampedTTLs := !slices.ContainsFunc(ttls, func(ttl uint32) bool { return ttl != 4 })
+		countedDown := !slices.ContainsFunc(ttls, func(ttl uint32) bool { return ttl >= 4 || ttl == 0 })
+		switch {
+		case qu.clamped && !clampedTTLs:
+			t.Errorf("%s: TTLs %v on a hit, want clamp's MIN 4", qu.name, ttls)
+		case !qu.clamped && !countedDown:
+			t.Errorf("%s: TTLs %v on a hit, want them counted down below 4 (outside clamp's zones)", qu.name, ttls)
+		}
 	}
 }

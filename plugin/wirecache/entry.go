@@ -58,6 +58,9 @@ type entry struct {
 	compressed *form
 	// ttls holds the TTL of every record as stored, in the order of ttlAt.
 	ttls []uint32
+	// ttlFloor is the least TTL a hit serves: the MIN of the clamp window the answer belongs to when the
+	// block's clamp applies to it, 0 otherwise. Set before the entry is stored.
+	ttlFloor uint32
 
 	// optFromChain is set when the chain's answer carried its own OPT record; CoreDNS then keeps that
 	// record's flags (optTTL) instead of echoing the client's.
@@ -409,7 +412,9 @@ func (e *entry) render(buf []byte, q *query, c client, now time.Time) (out []byt
 		} else {
 			ttl = 0
 		}
-		binary.BigEndian.PutUint32(out[at:], ttl)
+		// clamp, behind wirecache, raises the TTLs of a cache hit to its MIN; a wirecache hit must not
+		// count below what the chain would serve.
+		binary.BigEndian.PutUint32(out[at:], max(ttl, e.ttlFloor))
 	}
 
 	if q.edns {

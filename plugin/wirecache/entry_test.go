@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -299,6 +300,49 @@ func TestRenderExpiry(t *testing.T) {
 	}
 	if _, ok := render(t, e, req, client{}, t0.Add(100*time.Second)); ok {
 		t.Error("served after the smallest TTL (100 s) passed")
+	}
+}
+
+// TestRenderTTLFloor counts TTLs down to the floor clamp's window sets, and only with a floor.
+func TestRenderTTLFloor(t *testing.T) {
+	req := newQuery("www.example.org.", dns.TypeA, 0, false)
+	reply := new(dns.Msg)
+	reply.SetReply(req)
+	reply.Answer = rrs(t, "www.example.org. 30 IN A 192.0.2.1", "www.example.org. 40 IN A 192.0.2.2")
+
+	tests := []struct {
+		name    string
+		floor   uint32
+		elapsed time.Duration
+		want    []uint32
+	}{
+		{"no clamp in the block", 0, 28 * time.Second, []uint32{2, 12}},
+		{"clamp's MIN", 5, 28 * time.Second, []uint32{5, 12}},
+		{"clamp's MIN, last second", 5, 29*time.Second + 999*time.Millisecond, []uint32{5, 11}},
+		{"above the count", 5, 10 * time.Second, []uint32{20, 30}},
+		// What clamp does to a TTL under its MIN, which cannot reach wirecache from behind clamp.
+		{"stored under the floor", 35, 0, []uint32{35, 40}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := mustEntry(t, req, reply, 0, time.Hour)
+			e.ttlFloor = tc.floor
+			out, ok := render(t, e, req, client{}, t0.Add(tc.elapsed))
+			if !ok {
+				t.Fatal("render declined")
+			}
+			m := new(dns.Msg)
+			if err := m.Unpack(out); err != nil {
+				t.Fatal(err)
+			}
+			var got []uint32
+			for _, a := range m.Answer {
+				got = append(got, a.Header().Ttl)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("TTLs %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -27,11 +27,17 @@ func setup(c *caddy.Controller) error {
 	block := strings.Join(c.ServerBlockKeys, " ")
 	c.OnStartup(func() error {
 		// The plugin chain is compiled by now, so the handlers of the whole block are known.
-		if reasons := stepAsideReasons(dnsserver.GetConfig(c)); len(reasons) > 0 {
+		cfg := dnsserver.GetConfig(c)
+		if reasons := stepAsideReasons(cfg); len(reasons) > 0 {
 			wc.stepAside = true
 			log.Warningf("server block %q: %s; wirecache steps aside there and every query goes through the plugin chain",
 				block, strings.Join(reasons, "; "))
 		}
+		floorer, err := blockTTLFloorer(cfg)
+		if err != nil {
+			return plugin.Error(pluginName, fmt.Errorf("server block %q: %w", block, err))
+		}
+		wc.floorer = floorer
 		return nil
 	})
 
@@ -67,6 +73,24 @@ func stepAsideReasons(cfg *dnsserver.Config) []string {
 		reasons = append(reasons, fmt.Sprintf("transport %s is not plain DNS over UDP and TCP", cfg.Transport))
 	}
 	return reasons
+}
+
+// clampPlugin is the plugin that keeps every TTL of its block inside a window; a hit must honour its minimum.
+const clampPlugin = "clamp"
+
+// blockTTLFloorer returns the block's clamp, which tells the least TTL of each answer wirecache stores, or nil
+// when the block has no clamp.
+func blockTTLFloorer(cfg *dnsserver.Config) (ttlFloorer, error) {
+	h := cfg.Handler(clampPlugin)
+	if h == nil {
+		return nil, nil
+	}
+	floorer, ok := h.(ttlFloorer)
+	if !ok {
+		// Serving hits without the floor would break the window clamp promises; refusing to start says so.
+		return nil, fmt.Errorf("the %s handler (%T) does not report its TTL floor, so hits could go below its window", clampPlugin, h)
+	}
+	return floorer, nil
 }
 
 // maxTTL is the largest TTL RFC 2181 section 8 allows.

@@ -10,6 +10,7 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin"
+	"github.com/nodelocaldns/nodelocaldns/plugin/clamp"
 
 	"github.com/miekg/dns"
 )
@@ -96,6 +97,35 @@ type named string
 
 func (n named) ServeDNS(context.Context, dns.ResponseWriter, *dns.Msg) (int, error) { return 0, nil }
 func (n named) Name() string                                                        { return string(n) }
+
+// compiledConfig returns a server block with the given handlers, compiled and registered as caddy does before
+// OnStartup.
+func compiledConfig(t *testing.T, handlers ...plugin.Handler) *dnsserver.Config {
+	t.Helper()
+	cfg := &dnsserver.Config{Zone: ".", Port: "0", Transport: "dns"}
+	for _, h := range handlers {
+		cfg.AddPlugin(func(next plugin.Handler) plugin.Handler { return h })
+	}
+	if _, err := dnsserver.NewServer("dns://127.0.0.1:0", []*dnsserver.Config{cfg}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestBlockTTLFloorer(t *testing.T) {
+	cl := clamp.New()
+	floorer, err := blockTTLFloorer(compiledConfig(t, named(pluginName), cl, named("cache"), named("forward")))
+	if err != nil || floorer != ttlFloorer(cl) {
+		t.Errorf("block with clamp: %v, %v; want the clamp handler", floorer, err)
+	}
+	if floorer, err := blockTTLFloorer(compiledConfig(t, named(pluginName), named("cache"), named("forward"))); err != nil || floorer != nil {
+		t.Errorf("block without clamp: %v, %v; want nothing", floorer, err)
+	}
+	// Another plugin under the name clamp: starting without its floor would break its window silently.
+	if _, err := blockTTLFloorer(compiledConfig(t, named(pluginName), named(clampPlugin), named("forward"))); err == nil || !strings.Contains(err.Error(), "TTL floor") {
+		t.Errorf("block with a clamp that reports no floor: error %v", err)
+	}
+}
 
 func TestStepAsideReasons(t *testing.T) {
 	config := func(names ...string) *dnsserver.Config {

@@ -40,6 +40,9 @@ type WireCache struct {
 	// stepAside, set at startup when the server block has a plugin that must see every query, turns
 	// wirecache into a pass-through.
 	stepAside bool
+	// floorer, set at startup when the server block has clamp, gives the least TTL a hit may serve for
+	// each answer stored.
+	floorer ttlFloorer
 
 	allZones bool
 	store    *store
@@ -164,6 +167,7 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 		r.forget()
 	} else if m != nil {
 		if e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL); err == nil {
+			e.ttlFloor = r.wc.ttlFloor(m)
 			r.entry = e
 			r.wc.store.add(r.hash, e, r.now)
 			r.metrics.entries.Set(float64(r.wc.store.len()))
@@ -181,6 +185,24 @@ func (r *recorder) Write(b []byte) (int, error) {
 	r.writes++
 	r.forget()
 	return r.ResponseWriter.Write(b)
+}
+
+// ttlFloorer is a plugin behind wirecache that keeps the TTLs of the answers it passes at or above a
+// minimum: clamp. TTLFloor returns that minimum for res, and false when the plugin leaves res alone.
+type ttlFloorer interface {
+	TTLFloor(res *dns.Msg) (floor uint32, ok bool)
+}
+
+// ttlFloor returns the least TTL a hit of the answer m may serve: the minimum the block's clamp applies to
+// m, or 0. It is asked once per answer stored, so a hit only compares.
+func (wc *WireCache) ttlFloor(m *dns.Msg) uint32 {
+	if wc.floorer == nil {
+		return 0
+	}
+	if floor, ok := wc.floorer.TTLFloor(m); ok {
+		return floor
+	}
+	return 0
 }
 
 // forget removes the entry stored from this reply, if any.

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/coredns/coredns/request"
+	"github.com/nodelocaldns/nodelocaldns/plugin/clamp"
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
@@ -263,5 +265,84 @@ func TestCapacity(t *testing.T) {
 		if n := f.wc.store.len(); n > 2 {
 			t.Fatalf("%d entries, capacity 2", n)
 		}
+	}
+}
+
+// clamp's handler is what wirecache finds in a block with clamp.
+var _ ttlFloorer = (*clamp.Clamp)(nil)
+
+// withClamp puts cl between wirecache and the chain, as plugin.cfg orders them, and tells wirecache about it
+// as its OnStartup does.
+func (f *fixture) withClamp(cl *clamp.Clamp) {
+	cl.Next = f.chain
+	f.wc.Next = cl
+	f.wc.floorer = cl
+}
+
+// answerTTLs returns the TTLs of the answer and authority sections of reply.
+func answerTTLs(t *testing.T, reply []byte) []uint32 {
+	t.Helper()
+	m := new(dns.Msg)
+	if err := m.Unpack(reply); err != nil {
+		t.Fatal(err)
+	}
+	var ttls []uint32
+	for _, section := range [][]dns.RR{m.Answer, m.Ns} {
+		for _, r := range section {
+			ttls = append(ttls, r.Header().Ttl)
+		}
+	}
+	return ttls
+}
+
+// TestHitsKeepClampWindow serves hits through a block with clamp: they count down to the MIN of the window
+// of their answer, never below, and only for names in clamp's zones.
+func TestHitsKeepClampWindow(t *testing.T) {
+	tests := []struct {
+		name    string
+		clamp   func() *clamp.Clamp // nil: no clamp in the block
+		qname   string
+		qtype   uint16
+		elapsed time.Duration
+		want    []uint32
+	}{
+		// testZone's TTLs 120 and 100 go through clamp's default success window, 5 to 30.
+		{"no clamp", nil, "www.example.org.", dns.TypeA, 98 * time.Second, []uint32{22, 2}},
+		{"success", clamp.New, "www.example.org.", dns.TypeA, 28 * time.Second, []uint32{5, 5}},
+		{"success, above MIN", clamp.New, "www.example.org.", dns.TypeA, 20 * time.Second, []uint32{10, 10}},
+		// The SOA's 300 goes through the default denial window, 5 to 5.
+		{"nxdomain", clamp.New, "nope.example.org.", dns.TypeA, 4 * time.Second, []uint32{5}},
+		{"nodata", clamp.New, "www.example.org.", dns.TypeMX, 4 * time.Second, []uint32{5}},
+		{"denial window", func() *clamp.Clamp {
+			cl := clamp.New()
+			cl.Denial = clamp.Window{Min: 2, Max: 10}
+			return cl
+		}, "nope.example.org.", dns.TypeA, 9 * time.Second, []uint32{2}},
+		{"name outside clamp's zones", func() *clamp.Clamp {
+			cl := clamp.New()
+			cl.Zones = []string{"example.net."}
+			cl.Success = clamp.Window{Min: 200, Max: 300}
+			return cl
+		}, "www.example.org.", dns.TypeA, 98 * time.Second, []uint32{22, 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.clamp != nil {
+				f.withClamp(tc.clamp())
+			}
+			req := newQuery(tc.qname, tc.qtype, 1232, false)
+			if _, called := f.ask(req.Copy(), udp4Client); !called {
+				t.Fatal("first query did not reach the chain")
+			}
+			f.now = t0.Add(tc.elapsed)
+			reply, called := f.ask(req.Copy(), udp4Client)
+			if called {
+				t.Fatal("not a wirecache hit")
+			}
+			if got := answerTTLs(t, reply); !slices.Equal(got, tc.want) {
+				t.Errorf("TTLs %v after %v, want %v", got, tc.elapsed, tc.want)
+			}
+		})
 	}
 }
