@@ -1,0 +1,60 @@
+package notrack
+
+import (
+	"context"
+	"errors"
+
+	"github.com/coredns/coredns/plugin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+)
+
+// subsystem is upstream node-cache's metrics subsystem, so that its dashboards keep working.
+const subsystem = "nodecache"
+
+// Variables declared for monitoring. The node-wide setup error counter,
+// coredns_nodecache_setup_errors_total{errortype}, is corefile.SetupErrors: it counts the configmap type
+// there, and the iptables, iptables_lock, interface_add and interface_check types (plus node_lock and
+// config, which upstream does not have) here.
+var (
+	rulesInPlace = promauto.NewGauge(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "rules_in_place",
+		Help:      "1 when the NOTRACK rules of every claimed address are wanted and the last sync put them in place, else 0.",
+	})
+	addressesInPlace = promauto.NewGauge(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "addresses_in_place",
+		Help:      "1 when the node-local link held every claimed address after the last sync, else 0.",
+	})
+	syncDuration = promauto.NewHistogram(prometheus.HistogramOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "sync_duration_seconds",
+		Help:      "Histogram of the time a periodic check and repair of the link, addresses and rules took.",
+		Buckets:   prometheus.ExponentialBuckets(0.001, 2, 14), // 1ms to 8s
+	})
+)
+
+func init() {
+	// Export the types upstream node-cache exports at zero before anything fails.
+	for _, k := range []nodelocal.Kind{nodelocal.KindIPTables, nodelocal.KindIPTablesLock, nodelocal.KindInterfaceAdd, nodelocal.KindInterfaceCheck} {
+		corefile.SetupErrors.WithLabelValues(string(k))
+	}
+}
+
+// countSetupError counts each kind of nodelocal error in err once. Errors of a shutdown in progress are
+// not failures of the node.
+func countSetupError(err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	for _, k := range nodelocal.Kinds(err) {
+		corefile.SetupErrors.WithLabelValues(string(k)).Inc()
+	}
+}
