@@ -35,6 +35,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/whoami"
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
 )

@@ -15,7 +15,7 @@ import (
 var nodeCachePlugins = []string{
 	"bind", "bufsize", "cache", "debug", "errors", "file", "forward", "health", "hosts", "loadbalance", "log",
 	"loop", "prometheus", "ready", "reload", "rewrite", "template", "timeouts", "whoami",
-	"clamp", "upstreamsvc", "wirecache",
+	"clamp", "notrack", "upstreamsvc", "wirecache",
 	// Registered because the plugins above import them: forward imports dnstap, file imports transfer,
 	// and cache, forward, log, rewrite and template all import metadata.
 	"dnstap", "metadata", "transfer",
