@@ -225,6 +225,35 @@ func (m *Manager) Teardown(ctx context.Context) error {
 	return nil
 }
 
+// RemoveAddresses removes the given addresses from the link, whoever added them, and returns those it
+// removed. Addresses the link does not hold, or a missing link, are not an error. The fail-open guard uses
+// it to hand the kube-dns ClusterIP back to kube-proxy.
+func (m *Manager) RemoveAddresses(ctx context.Context, addrs []netip.Addr) ([]netip.Addr, error) {
+	l, err := m.lookup(ctx)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	have, err := m.addrs(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	var removed []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if _, ok := have[a]; !ok {
+			continue
+		}
+		op := fmt.Sprintf("remove address %s from %s", hostPrefix(a), m.name)
+		err := m.step(ctx, Change, op, func() error { return netlink.AddrDel(l, netlinkAddr(a)) })
+		if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return removed, err
+		}
+		delete(m.added, a)
+		removed = append(removed, a)
+	}
+	return removed, nil
+}
+
 // lookup returns the link, or nil when there is none.
 func (m *Manager) lookup(ctx context.Context) (netlink.Link, error) {
 	var l netlink.Link

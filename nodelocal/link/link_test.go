@@ -364,3 +364,35 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+func TestRemoveAddresses(t *testing.T) {
+	if !fresh(t) {
+		return
+	}
+	ctx := context.Background()
+	m := mustNew(t, Options{})
+	if removed, err := m.RemoveAddresses(ctx, []netip.Addr{v4}); err != nil || len(removed) != 0 {
+		t.Fatalf("without a link: removed %v, %v", removed, err)
+	}
+	clusterIP := netip.MustParseAddr("10.96.0.10")
+	if _, err := m.Ensure(ctx, []netip.Addr{v4, v6, clusterIP}); err != nil {
+		t.Fatal(err)
+	}
+	// Another Manager, as in another process, removes what the first added.
+	other := mustNew(t, Options{})
+	removed, err := other.RemoveAddresses(ctx, []netip.Addr{clusterIP, v6, netip.MustParseAddr("10.96.0.99")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []netip.Addr{clusterIP, v6}) {
+		t.Errorf("removed %v, want [10.96.0.10 fd00::10]", removed)
+	}
+	checkUsable(t, DefaultName, v4)
+	out, err := exec.Command("ip", "addr", "show", "dev", DefaultName).CombinedOutput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "10.96.0.10") || strings.Contains(string(out), "fd00::10") {
+		t.Errorf("addresses still on the link:\n%s", out)
+	}
+}
