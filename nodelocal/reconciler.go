@@ -35,6 +35,7 @@ type Reconciler struct {
 	leftoversChecked bool
 	fallbackLogged   bool
 	foreignLogged    string
+	guardLogged      bool
 
 	statusMu sync.Mutex
 	status   Status
@@ -68,6 +69,9 @@ type Status struct {
 	LastSync    time.Time
 	// LastError is the error of the last sync, nil when it succeeded.
 	LastError error
+	// GuardFailedOpen is true when the last rules sync found the fail-open guard's divert in place and
+	// kept the jumps out (see Reclaim).
+	GuardFailedOpen bool
 }
 
 // New checks cfg, takes the node lock and returns a Reconciler that manages nothing yet: nothing on the
@@ -130,9 +134,10 @@ func (r *Reconciler) Acquire(ctx context.Context, c Claim) (*Lease, error) {
 	l := &Lease{r: r, claim: c, rules: !c.DeferRules}
 	r.leases[l] = struct{}{}
 	r.noteLeases()
-	err = r.syncLocked(ctx, true, false)
+	err = r.syncLocked(ctx, true, false, false)
 	if err == nil && l.rules {
-		err = r.syncLocked(ctx, false, true)
+		// Rules at once: the caller says its server answers, so it takes the node back from the guard.
+		err = r.syncLocked(ctx, false, true, true)
 	}
 	if err != nil {
 		delete(r.leases, l)
@@ -142,7 +147,7 @@ func (r *Reconciler) Acquire(ctx context.Context, c Claim) (*Lease, error) {
 		if len(r.leases) == 0 {
 			undo = r.teardownLocked(ctx)
 		} else {
-			undo = r.syncLocked(ctx, true, true)
+			undo = r.syncLocked(ctx, true, true, false)
 		}
 		err = errors.Join(err, undo)
 		r.noteAttempt(err)
@@ -179,7 +184,8 @@ func (l *Lease) setRules(ctx context.Context, on bool) error {
 		return ErrClosed
 	}
 	l.rules = on
-	return r.syncLocked(ctx, false, true)
+	// EnableRules is the caller's word that its server answers: it takes the node back from the guard.
+	return r.syncLocked(ctx, false, true, on)
 }
 
 // Update replaces the lease's claim (DeferRules aside: whether its rules are enabled does not change) and
@@ -200,7 +206,7 @@ func (l *Lease) Update(ctx context.Context, c Claim) error {
 	}
 	c.DeferRules = l.claim.DeferRules
 	l.claim = c
-	return r.syncLocked(ctx, true, true)
+	return r.syncLocked(ctx, true, true, false)
 }
 
 // Release gives the lease up. The last release tears the link and rules down (see Teardown); earlier ones
@@ -221,7 +227,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if len(r.leases) == 0 {
 		return r.teardownLocked(ctx)
 	}
-	return r.syncLocked(ctx, true, true)
+	return r.syncLocked(ctx, true, true, false)
 }
 
 // Ensure puts the link, its addresses and the rules in place as the leases claim them, repairing whatever
@@ -240,7 +246,20 @@ func (r *Reconciler) sync(ctx context.Context, doLink, doRules bool) error {
 	if r.closed {
 		return ErrClosed
 	}
-	return r.syncLocked(ctx, doLink, doRules)
+	return r.syncLocked(ctx, doLink, doRules, false)
+}
+
+// Reclaim is Ensure for a cache that knows it answers: if the fail-open guard has diverted the node's DNS
+// (see Guard), it removes the guard's divert and puts the jumps back. Ensure, and so Run, leave the jumps
+// out while the guard's divert is there, so that a cache whose repair loop runs but whose server does not
+// answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as this does.
+func (r *Reconciler) Reclaim(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	return r.syncLocked(ctx, true, true, true)
 }
 
 // Teardown removes the jumps, then our chains (both families), then the addresses we added or, if we
@@ -334,7 +353,9 @@ func (r *Reconciler) wantedLocked() wanted {
 	return w
 }
 
-func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules bool) error {
+// syncLocked puts the link and the rules in place as the leases claim them. With reclaim it also takes the
+// node back from the fail-open guard; without, it keeps the jumps out while the guard's divert is there.
+func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bool) error {
 	if len(r.leases) == 0 {
 		return nil
 	}
@@ -346,7 +367,7 @@ func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules bool) error
 		}
 	}
 	if doRules && !r.cfg.NoRules {
-		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints)...)
+		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints, reclaim)...)
 	}
 	err := errors.Join(errs...)
 	r.noteAttempt(err)
@@ -407,9 +428,40 @@ func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
 	return nil
 }
 
-func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint) []error {
+func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) []error {
 	if err := r.ensureBackendLocked(ctx); err != nil {
 		return []error{err}
+	}
+	if len(endpoints) > 0 {
+		divert, err := r.guardDivertsLocked(ctx, endpoints)
+		if err != nil {
+			return []error{err}
+		}
+		switch {
+		case len(divert) > 0 && !reclaim:
+			if !r.guardLogged {
+				r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%s %v); the jumps stay out until the cache answers and reclaims the node", rules.GuardChain, divert)
+				r.guardLogged = true
+			}
+			r.statusMu.Lock()
+			r.status.GuardFailedOpen = true
+			r.status.RulesPresent = false
+			r.statusMu.Unlock()
+			return nil
+		case len(divert) > 0:
+			// The divert goes first: until the jumps are back, the cache gets the link-local traffic
+			// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
+			for _, fam := range divert {
+				if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
+					return []error{rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)}
+				}
+			}
+			r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", divert)
+		}
+		r.guardLogged = false
+		r.statusMu.Lock()
+		r.status.GuardFailedOpen = false
+		r.statusMu.Unlock()
 	}
 	byFamily := map[rules.Family][]rules.Endpoint{}
 	for _, e := range endpoints {
@@ -522,6 +574,29 @@ func (r *Reconciler) teardownLocked(ctx context.Context) error {
 	r.statusMu.Unlock()
 	r.noteAttempt(err)
 	return err
+}
+
+// guardDivertsLocked returns the families of endpoints in which the fail-open guard's chain exists. The
+// guard writes it in the families of the cache's addresses, so others are not looked at (a node may lack
+// the IPv6 nat table).
+func (r *Reconciler) guardDivertsLocked(ctx context.Context, endpoints []rules.Endpoint) ([]rules.Family, error) {
+	var fams []rules.Family
+	for _, fam := range rules.Families {
+		if !slices.ContainsFunc(endpoints, func(e rules.Endpoint) bool { return rules.FamilyOf(e.Addr) == fam }) {
+			continue
+		}
+		if _, err := r.backend.Tools(fam); err != nil {
+			continue // no tools for the family: no guard chain can be there
+		}
+		ok, err := r.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
+		if err != nil {
+			return nil, rulesError(fmt.Sprintf("look for the guard's %s divert", fam), err)
+		}
+		if ok {
+			fams = append(fams, fam)
+		}
+	}
+	return fams, nil
 }
 
 func (r *Reconciler) noteLeases() {

@@ -1,0 +1,537 @@
+package nodelocal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// DefaultGuardLockPath is the guard's lock file unless configured otherwise. It is not the cache's node
+// lock: the guard runs beside the cache, in another process.
+const DefaultGuardLockPath = "/run/nodelocaldns-guard.lock"
+
+// Defaults of GuardConfig.
+const (
+	DefaultGuardInterval     = 250 * time.Millisecond
+	DefaultGuardProbeTimeout = 500 * time.Millisecond
+	DefaultGuardFailAfter    = 3
+	DefaultGuardRecoverAfter = 3
+	DefaultGuardRecheck      = time.Second
+	DefaultGuardProbeName    = "cluster.local."
+)
+
+// ProbeFunc asks the DNS server at server one question and returns nil when a well-formed answer came
+// back, whatever its rcode.
+type ProbeFunc func(ctx context.Context, server netip.AddrPort) error
+
+// GuardConfig is what a Guard watches and what it does when the cache fails.
+type GuardConfig struct {
+	// Interface, Backend and LockWait mean what they mean in Config, and must match the cache's.
+	Interface string
+	Backend   string
+	LockWait  time.Duration
+	// LockPath is the guard's own lock file, so that a node runs one guard; DefaultGuardLockPath when empty.
+	LockPath string
+
+	// Addresses are the cache's local addresses, each probed on DNSPort (DefaultDNSPort when zero).
+	Addresses []netip.Addr
+	DNSPort   uint16
+	// ServiceAddresses are those of Addresses that are Service ClusterIPs with kube-proxy behind them (the
+	// kube-dns ClusterIP): failing open removes them from the link, and kube-proxy's DNAT takes over.
+	ServiceAddresses []netip.Addr
+	// Upstream holds the kube-dns-upstream Service's ClusterIP, one per family. Failing open diverts the
+	// other addresses (the link-local one, which nothing else serves) to it with a DNAT. Every family of
+	// the other addresses needs one.
+	Upstream []netip.Addr
+
+	// Interval is the time between probe rounds; ProbeTimeout bounds each probe.
+	Interval     time.Duration
+	ProbeTimeout time.Duration
+	// FailAfter is how many failed rounds in a row make the guard fail open (a round fails when any
+	// address does not answer); RecoverAfter how many answered rounds in a row, once the cache has taken
+	// the node back, make it watch again.
+	FailAfter    int
+	RecoverAfter int
+	// Recheck is how often the guard reads the rules while failed open, or while the probes fail but the
+	// cache's jumps are not in place.
+	Recheck time.Duration
+	// ProbeName and ProbeType are the question; DefaultGuardProbeName and SOA when empty.
+	ProbeName string
+	ProbeType uint16
+	// Probe replaces the DNS probe, in tests.
+	Probe ProbeFunc
+	// Logger receives what the guard did; nothing is logged when nil.
+	Logger Logger
+}
+
+func (c GuardConfig) withDefaults() GuardConfig {
+	if c.Interface == "" {
+		c.Interface = DefaultInterface
+	}
+	if c.Backend == "" {
+		c.Backend = string(rules.Auto)
+	}
+	if c.LockWait == 0 {
+		c.LockWait = rules.DefaultLockWait
+	}
+	if c.LockPath == "" {
+		c.LockPath = DefaultGuardLockPath
+	}
+	if c.DNSPort == 0 {
+		c.DNSPort = DefaultDNSPort
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultGuardInterval
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultGuardProbeTimeout
+	}
+	if c.FailAfter == 0 {
+		c.FailAfter = DefaultGuardFailAfter
+	}
+	if c.RecoverAfter == 0 {
+		c.RecoverAfter = DefaultGuardRecoverAfter
+	}
+	if c.Recheck == 0 {
+		c.Recheck = DefaultGuardRecheck
+	}
+	if c.ProbeName == "" {
+		c.ProbeName = DefaultGuardProbeName
+	}
+	if c.ProbeType == 0 {
+		c.ProbeType = dns.TypeSOA
+	}
+	if c.Logger == nil {
+		c.Logger = discard{}
+	}
+	return c
+}
+
+// diverts checks the addresses and pairs each one that is not a Service address with the upstream of its
+// family.
+func (c GuardConfig) diverts() ([]rules.Divert, error) {
+	if len(c.Addresses) == 0 {
+		return nil, errors.New("the guard needs the cache's addresses")
+	}
+	if err := link.ValidName(c.Interface); err != nil {
+		return nil, err
+	}
+	if _, err := rules.ParseMode(c.Backend); err != nil {
+		return nil, err
+	}
+	if c.Interval < 0 || c.ProbeTimeout < 0 || c.Recheck < 0 || c.FailAfter < 0 || c.RecoverAfter < 0 || c.LockWait < 0 {
+		return nil, errors.New("negative interval, timeout or count")
+	}
+	for _, s := range c.ServiceAddresses {
+		if !slices.Contains(c.Addresses, s.Unmap()) {
+			return nil, fmt.Errorf("service address %s is not one of the cache's addresses %v", s, c.Addresses)
+		}
+	}
+	var ds []rules.Divert
+	for _, a := range c.Addresses {
+		if !a.IsValid() || a.IsUnspecified() {
+			return nil, fmt.Errorf("address %q cannot be a local DNS address", a)
+		}
+		if slices.Contains(c.ServiceAddresses, a) {
+			continue
+		}
+		i := slices.IndexFunc(c.Upstream, func(u netip.Addr) bool { return rules.FamilyOf(u) == rules.FamilyOf(a) })
+		if i < 0 {
+			return nil, fmt.Errorf("no kube-dns-upstream address of %s's family to divert it to while failed open (give one, or list %s as a Service address)", a, a)
+		}
+		ds = append(ds, rules.Divert{From: a, To: c.Upstream[i].Unmap(), Port: c.DNSPort})
+	}
+	return ds, nil
+}
+
+// GuardState is what a Guard is doing.
+type GuardState int32
+
+// The states, with the values of the state metric.
+const (
+	// GuardWatching: the cache's rules and addresses are its own; the guard probes it.
+	GuardWatching GuardState = 0
+	// GuardFailedOpen: the guard took the cache's jumps and Service addresses out and diverted the other
+	// addresses, and waits for the cache to take the node back.
+	GuardFailedOpen GuardState = 1
+)
+
+func (s GuardState) String() string {
+	if s == GuardFailedOpen {
+		return "failed open"
+	}
+	return "watching"
+}
+
+// Guard keeps a node's DNS working when its cache dies. It runs in a process of its own beside the cache
+// and probes the cache with DNS queries on each of its addresses. After FailAfter failed rounds in a row,
+// and only when the cache's jumps are in place (the cache puts them in once it answers, so a cache that is
+// still starting, or that stopped cleanly, is left alone), it fails open:
+//
+//   - it writes its nat chain (rules.Guard), which DNATs each address that is not a Service address (the
+//     link-local one) to the kube-dns-upstream ClusterIP of its family, and which tells the cache's
+//     Reconciler to keep its jumps out (see Reconciler.Reclaim);
+//   - it removes the cache's jumps (rules.Manager.RemoveJumps; the chains stay), so that kube-proxy's DNAT
+//     sees the traffic for the kube-dns ClusterIP again;
+//   - it removes the Service addresses (the kube-dns ClusterIP) from the link.
+//
+// It does not undo any of it: the cache does, when it answers again (Lease.EnableRules, Reconciler.Reclaim),
+// by removing the guard's chain and putting its jumps back. A Reconciler's periodic Ensure leaves the jumps
+// out while the guard's chain exists, so a cache whose repair loop runs while its server hangs does not
+// fight the guard; while failed open the guard also takes out jumps that such a loop put back before it saw
+// the chain. Once the guard's chain is gone and RecoverAfter rounds in a row were answered, it watches again.
+type Guard struct {
+	cfg     GuardConfig
+	log     Logger
+	diverts []rules.Divert
+	fams    []rules.Family
+	link    *link.Manager
+	lock    *nodelock.Lock
+	probe   ProbeFunc
+
+	state     atomic.Int32
+	failovers atomic.Uint64
+
+	mu    sync.Mutex // serialises Run and FailOpen
+	rules *rules.Manager
+}
+
+// NewGuard checks cfg and takes the guard lock; a second guard on the node fails with an error of
+// KindNodeLock naming the first.
+func NewGuard(cfg GuardConfig) (*Guard, error) {
+	cfg = cfg.withDefaults()
+	cfg.Addresses = unmapAll(cfg.Addresses)
+	cfg.ServiceAddresses = unmapAll(cfg.ServiceAddresses)
+	ds, err := cfg.diverts()
+	if err != nil {
+		return nil, configError("check guard configuration", err)
+	}
+	m, err := link.New(link.Options{Name: cfg.Interface})
+	if err != nil {
+		return nil, configError("check guard configuration", err)
+	}
+	g := &Guard{cfg: cfg, log: cfg.Logger, diverts: ds, link: m, probe: cfg.Probe}
+	for _, fam := range rules.Families {
+		if slices.ContainsFunc(cfg.Addresses, func(a netip.Addr) bool { return rules.FamilyOf(a) == fam }) {
+			g.fams = append(g.fams, fam)
+		}
+	}
+	if g.probe == nil {
+		g.probe = DNSProbe(cfg.ProbeName, cfg.ProbeType, cfg.ProbeTimeout)
+	}
+	lock, err := nodelock.Acquire(cfg.LockPath)
+	if err != nil {
+		return nil, &Error{Kind: KindNodeLock, Op: "take the guard lock", Err: err}
+	}
+	g.lock = lock
+	return g, nil
+}
+
+func unmapAll(addrs []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, a.Unmap())
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// Close releases the guard lock. It leaves the node as it is.
+func (g *Guard) Close() error { return g.lock.Release() }
+
+// State returns what the guard is doing.
+func (g *Guard) State() GuardState { return GuardState(g.state.Load()) }
+
+// Failovers returns how many times the guard failed open.
+func (g *Guard) Failovers() uint64 { return g.failovers.Load() }
+
+// DNSProbe returns a ProbeFunc that asks name and qtype over UDP and waits up to timeout. Any well-formed
+// answer with the query's ID counts, whatever its rcode: the server is alive.
+func DNSProbe(name string, qtype uint16, timeout time.Duration) ProbeFunc {
+	return func(ctx context.Context, server netip.AddrPort) error {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), qtype)
+		m.RecursionDesired = true
+		c := &dns.Client{Net: "udp", Timeout: timeout}
+		r, _, err := c.ExchangeContext(ctx, m, server.String())
+		if err != nil {
+			return fmt.Errorf("probe %s: %w", server, err)
+		}
+		return CheckProbeResponse(m, r)
+	}
+}
+
+// CheckProbeResponse reports whether r is an answer to q: a response with q's ID and question.
+func CheckProbeResponse(q, r *dns.Msg) error {
+	switch {
+	case r == nil:
+		return errors.New("no response")
+	case !r.Response:
+		return errors.New("a query came back, not a response")
+	case r.Id != q.Id:
+		return fmt.Errorf("response ID %d, query ID %d", r.Id, q.Id)
+	case len(r.Question) > 0 && len(q.Question) > 0 && !sameQuestion(r.Question[0], q.Question[0]):
+		return fmt.Errorf("response for %s, query for %s", r.Question[0].String(), q.Question[0].String())
+	}
+	return nil
+}
+
+func sameQuestion(a, b dns.Question) bool {
+	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && dns.CanonicalName(a.Name) == dns.CanonicalName(b.Name)
+}
+
+// Run watches the cache until ctx ends, failing open when it stops answering. It returns nil when ctx
+// ends. Started on a node that has already failed open (the guard's chain exists), it waits for the cache
+// to take the node back.
+func (g *Guard) Run(ctx context.Context) error {
+	g.mu.Lock()
+	err := g.ensureBackendLocked(ctx)
+	var present bool
+	if err == nil {
+		present, err = g.divertPresentLocked(ctx)
+	}
+	g.mu.Unlock()
+	if errors.Is(err, errNoBackend) {
+		return err
+	}
+	w := &guardWatch{}
+	if err != nil {
+		g.log.Warningf("nodelocal guard: could not look for an earlier fail-open: %v", err)
+	} else if present {
+		g.state.Store(int32(GuardFailedOpen))
+		g.log.Warningf("nodelocal guard: the node has failed open already; waiting for the cache to take it back")
+	}
+	g.log.Infof("nodelocal guard: watching %v on port %d every %v (fail open after %d failed rounds)",
+		g.cfg.Addresses, g.cfg.DNSPort, g.cfg.Interval, g.cfg.FailAfter)
+	t := time.NewTicker(g.cfg.Interval)
+	defer t.Stop()
+	for {
+		g.mu.Lock()
+		g.tickLocked(ctx, w, time.Now())
+		g.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// guardWatch is Run's memory between rounds.
+type guardWatch struct {
+	fails, successes int
+	// reclaimed is set, while failed open, once the guard's chain is gone.
+	reclaimed bool
+	// nextCheck is when the rules may be read next.
+	nextCheck time.Time
+	// idleLogged is set once a failure without the cache's jumps was logged.
+	idleLogged bool
+	lastErr    string
+}
+
+func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {
+	if g.State() == GuardFailedOpen && !w.reclaimed {
+		if now.Before(w.nextCheck) {
+			return
+		}
+		w.nextCheck = now.Add(g.cfg.Recheck)
+		present, err := g.divertPresentLocked(ctx)
+		switch {
+		case err != nil:
+			g.log.Errorf("nodelocal guard: could not read the rules: %v", err)
+			return
+		case present:
+			// A cache's repair loop may have put jumps back before it saw our chain.
+			if n, err := g.removeJumpsLocked(ctx); err != nil {
+				g.log.Errorf("nodelocal guard: could not keep the cache's jumps out: %v", err)
+			} else if n > 0 {
+				g.log.Warningf("nodelocal guard: took out the cache's jumps again (%d families): the node stays failed open until the cache answers", n)
+			}
+			return
+		}
+		w.reclaimed, w.fails, w.successes = true, 0, 0
+		w.nextCheck = time.Time{}
+		g.log.Infof("nodelocal guard: the cache took the node back")
+	}
+	err := g.probeAll(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		if w.fails > 0 && w.lastErr != "" {
+			g.log.Infof("nodelocal guard: the cache answers again after %d failed rounds", w.fails)
+		}
+		w.fails, w.lastErr, w.idleLogged = 0, "", false
+		w.successes++
+		w.nextCheck = time.Time{}
+		if g.State() == GuardFailedOpen && w.successes >= g.cfg.RecoverAfter {
+			g.state.Store(int32(GuardWatching))
+			w.reclaimed = false
+			g.log.Infof("nodelocal guard: the cache answered %d rounds in a row; watching", w.successes)
+		}
+		return
+	}
+	w.successes = 0
+	w.fails++
+	if msg := err.Error(); msg != w.lastErr {
+		g.log.Warningf("nodelocal guard: probe round %d failed: %v", w.fails, err)
+		w.lastErr = msg
+	}
+	if w.fails < g.cfg.FailAfter || now.Before(w.nextCheck) {
+		return
+	}
+	w.nextCheck = now.Add(g.cfg.Recheck)
+	armed, err := g.cacheJumpsPresentLocked(ctx)
+	if err != nil {
+		g.log.Errorf("nodelocal guard: could not read the cache's jumps: %v", err)
+		return
+	}
+	if !armed {
+		if !w.idleLogged {
+			g.log.Infof("nodelocal guard: the cache does not answer, but its jumps are not in place (starting, or stopped): nothing to fail open")
+			w.idleLogged = true
+		}
+		return
+	}
+	start := time.Now()
+	if err := g.failOpenLocked(ctx); err != nil {
+		g.log.Errorf("nodelocal guard: failing open: %v (retrying)", err)
+		w.nextCheck = time.Time{}
+		return
+	}
+	g.failovers.Add(1)
+	g.state.Store(int32(GuardFailedOpen))
+	w.reclaimed, w.fails, w.successes, w.lastErr = false, 0, 0, ""
+	w.nextCheck = now.Add(g.cfg.Recheck)
+	g.log.Warningf("nodelocal guard: the cache failed %d probe rounds in a row; failed open in %v",
+		g.cfg.FailAfter, time.Since(start).Round(time.Millisecond))
+}
+
+// probeAll probes every address at once and returns the errors of those that did not answer.
+func (g *Guard) probeAll(ctx context.Context) error {
+	errs := make([]error, len(g.cfg.Addresses))
+	var wg sync.WaitGroup
+	for i, a := range g.cfg.Addresses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, g.cfg.ProbeTimeout)
+			defer cancel()
+			errs[i] = g.probe(pctx, netip.AddrPortFrom(a, g.cfg.DNSPort))
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// FailOpen fails open at once, whatever the probes say: for an operator, or a test.
+func (g *Guard) FailOpen(ctx context.Context) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.ensureBackendLocked(ctx); err != nil {
+		return err
+	}
+	if err := g.failOpenLocked(ctx); err != nil {
+		return err
+	}
+	g.failovers.Add(1)
+	g.state.Store(int32(GuardFailedOpen))
+	return nil
+}
+
+func (g *Guard) failOpenLocked(ctx context.Context) error {
+	// The divert goes first: it is also the word to the cache's repair loop to keep its jumps out.
+	for _, fam := range g.fams {
+		if _, err := g.rules.Sync(ctx, rules.Guard(fam, g.diverts)); err != nil {
+			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
+		}
+	}
+	if _, err := g.removeJumpsLocked(ctx); err != nil {
+		return err
+	}
+	removed, err := g.link.RemoveAddresses(ctx, g.cfg.ServiceAddresses)
+	if err != nil {
+		return linkError("remove the Service addresses from "+g.cfg.Interface, err)
+	}
+	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
+		removed, g.cfg.Interface, g.diverts)
+	return nil
+}
+
+// removeJumpsLocked takes the cache's jumps out in every family that has them and returns how many
+// families had any.
+func (g *Guard) removeJumpsLocked(ctx context.Context) (int, error) {
+	n := 0
+	for _, fam := range g.fams {
+		rs := rules.NodeCache(fam, rules.NodeCacheSpec{})
+		has, err := g.rules.HasJumps(ctx, rs)
+		if err != nil {
+			return n, rulesError(fmt.Sprintf("read the cache's %s jumps", fam), err)
+		}
+		if !has {
+			continue
+		}
+		if err := g.rules.RemoveJumps(ctx, rs); err != nil {
+			return n, rulesError(fmt.Sprintf("remove the cache's %s jumps", fam), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (g *Guard) cacheJumpsPresentLocked(ctx context.Context) (bool, error) {
+	for _, fam := range g.fams {
+		has, err := g.rules.HasJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}))
+		if err != nil {
+			return false, rulesError(fmt.Sprintf("read the cache's %s jumps", fam), err)
+		}
+		if has {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (g *Guard) divertPresentLocked(ctx context.Context) (bool, error) {
+	for _, fam := range g.fams {
+		ok, err := g.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
+		if err != nil {
+			return false, rulesError(fmt.Sprintf("look for the %s divert", fam), err)
+		}
+		if ok {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// errNoBackend marks a backend that cannot be selected: the guard cannot work at all.
+var errNoBackend = errors.New("no iptables backend")
+
+func (g *Guard) ensureBackendLocked(ctx context.Context) error {
+	if g.rules != nil {
+		return nil
+	}
+	mode, err := rules.ParseMode(g.cfg.Backend)
+	if err != nil {
+		return configError("select iptables backend", fmt.Errorf("%w: %w", errNoBackend, err))
+	}
+	b, err := rules.Select(ctx, mode)
+	if err != nil {
+		return rulesError("select iptables backend", fmt.Errorf("%w: %w", errNoBackend, err))
+	}
+	g.log.Infof("nodelocal guard: using iptables backend %s (%s)", b.Mode, b.Reason)
+	g.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: g.cfg.LockWait})
+	return nil
+}

@@ -1,0 +1,351 @@
+package nodelocal
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+var (
+	guardClusterIP  = netip.MustParseAddr("10.96.0.10")
+	guardUpstreamIP = netip.MustParseAddr("10.96.0.11")
+)
+
+// fakeCache stands in for the cache's DNS server: its probe answers while alive is set.
+type fakeCache struct{ alive atomic.Bool }
+
+func (f *fakeCache) probe(ctx context.Context, server netip.AddrPort) error {
+	if f.alive.Load() {
+		return nil
+	}
+	return errors.New("connection refused")
+}
+
+// guard returns a fast Guard for the addresses addrA (link-local) and guardClusterIP, running until the
+// test ends.
+func (e *env) guard(f *fakeCache, mutate ...func(*GuardConfig)) *Guard {
+	e.t.Helper()
+	cfg := GuardConfig{
+		Backend:          string(e.mode),
+		LockPath:         filepath.Join(e.t.TempDir(), "guard.lock"),
+		Addresses:        []netip.Addr{addrA, guardClusterIP},
+		ServiceAddresses: []netip.Addr{guardClusterIP},
+		Upstream:         []netip.Addr{guardUpstreamIP},
+		Interval:         40 * time.Millisecond,
+		ProbeTimeout:     100 * time.Millisecond,
+		FailAfter:        3,
+		RecoverAfter:     2,
+		Recheck:          100 * time.Millisecond,
+		Probe:            f.probe,
+		Logger:           e.log,
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	g, err := NewGuard(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { g.Close() })
+	return g
+}
+
+func (e *env) runGuard(g *Guard) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("guard Run: %v", err)
+		}
+	})
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) cacheJumps() bool {
+	e.t.Helper()
+	has, err := e.ipt.HasJumps(context.Background(), rules.NodeCache(rules.IPv4, rules.NodeCacheSpec{}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return has
+}
+
+func (e *env) guardChain() ([]rules.Rule, bool) {
+	e.t.Helper()
+	st, err := e.ipt.Inspect(context.Background(), rules.IPv4, rules.NAT)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st.Chains[rules.GuardChain], st.ChainExists(rules.GuardChain)
+}
+
+func TestGuardFailsOpenAndTheCacheReclaims(t *testing.T) {
+	inNamespace(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		r := e.reconciler()
+		claim := Claim{Addresses: []netip.Addr{addrA, guardClusterIP}}
+		e.acquire(r, claim)
+		eps := rules.Endpoints(claim.Addresses, 53, nil)
+		f := &fakeCache{}
+		f.alive.Store(true)
+		g := e.guard(f)
+		e.runGuard(g)
+
+		time.Sleep(400 * time.Millisecond) // ten rounds against a healthy cache
+		if g.State() != GuardWatching || g.Failovers() != 0 {
+			t.Fatalf("healthy cache: state %v, %d failovers", g.State(), g.Failovers())
+		}
+		e.expectRules(eps)
+
+		f.alive.Store(false)
+		waitFor(t, "guard fails open", 3*time.Second, func() bool { return g.State() == GuardFailedOpen })
+		if e.cacheJumps() {
+			t.Error("the cache's jumps are still in place")
+		}
+		got, ok := e.guardChain()
+		want := rules.Guard(rules.IPv4, []rules.Divert{{From: addrA, To: guardUpstreamIP}}).Chains[0].Rules
+		if !ok || !slices.EqualFunc(got, want, func(a, b rules.Rule) bool { return slices.Equal(a, b) }) {
+			t.Errorf("guard chain %v (exists %v), want %q", got, ok, want)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA)
+		if g.Failovers() != 1 {
+			t.Errorf("%d failovers, want 1", g.Failovers())
+		}
+
+		// The cache's repair loop honours the guard's chain.
+		if err := r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if e.cacheJumps() || !r.Status().GuardFailedOpen || r.Status().RulesPresent {
+			t.Errorf("Ensure put the jumps back or did not say why not: %+v", r.Status())
+		}
+		// A repair loop that raced the guard and put the jumps back loses them again.
+		if _, err := e.ipt.Sync(ctx, rules.NodeCache(rules.IPv4, rules.NodeCacheSpec{Endpoints: eps})); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "guard takes the jumps out again", 2*time.Second, func() bool { return !e.cacheJumps() })
+
+		// The cache answers again and takes the node back; the guard only watches.
+		f.alive.Store(true)
+		time.Sleep(200 * time.Millisecond)
+		if _, ok := e.guardChain(); !ok || e.cacheJumps() {
+			t.Fatal("the guard undid its fail-open by itself")
+		}
+		if err := r.Reclaim(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectRules(eps)
+		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
+		if _, ok := e.guardChain(); ok {
+			t.Error("Reclaim left the guard's chain")
+		}
+		if r.Status().GuardFailedOpen || !r.Status().RulesPresent {
+			t.Errorf("status after Reclaim: %+v", r.Status())
+		}
+		waitFor(t, "guard watches again", 2*time.Second, func() bool { return g.State() == GuardWatching })
+		if g.Failovers() != 1 {
+			t.Errorf("%d failovers, want 1", g.Failovers())
+		}
+
+		// And fails open again when the cache dies again; EnableRules reclaims as Reclaim does.
+		f.alive.Store(false)
+		waitFor(t, "guard fails open again", 3*time.Second, func() bool { return g.State() == GuardFailedOpen })
+		f.alive.Store(true)
+		l := e.acquire(r, Claim{Addresses: []netip.Addr{addrA}, DeferRules: true})
+		if err := l.EnableRules(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectRules(eps)
+		waitFor(t, "guard watches again", 2*time.Second, func() bool { return g.State() == GuardWatching })
+		if g.Failovers() != 2 || e.log.count("reclaimed the node") != 2 {
+			t.Errorf("%d failovers, %d reclaims logged; want 2 and 2", g.Failovers(), e.log.count("reclaimed the node"))
+		}
+	})
+}
+
+// TestGuardLeavesAStartingCacheAlone: a cache whose rules are not in place yet (its server does not
+// answer yet, or it stopped cleanly) is not failed open, however long the probes fail.
+func TestGuardLeavesAStartingCacheAlone(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		r := e.reconciler()
+		e.acquire(r, Claim{Addresses: []netip.Addr{addrA, guardClusterIP}, DeferRules: true})
+		g := e.guard(&fakeCache{})
+		e.runGuard(g)
+		time.Sleep(600 * time.Millisecond)
+		if g.State() != GuardWatching || g.Failovers() != 0 {
+			t.Errorf("state %v, %d failovers", g.State(), g.Failovers())
+		}
+		if _, ok := e.guardChain(); ok {
+			t.Error("guard chain written")
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
+		if e.log.count("nothing to fail open") != 1 {
+			t.Errorf("want one log line saying there is nothing to fail open")
+		}
+	})
+}
+
+// TestGuardStartedAfterTheCacheDied: the cache's rules and addresses are left behind by a process that
+// is gone; a guard started afterwards fails open, and a guard restarted after that knows it has.
+func TestGuardStartedAfterTheCacheDied(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		r := e.reconciler()
+		e.acquire(r, Claim{Addresses: []netip.Addr{addrA, guardClusterIP}})
+		if err := r.Close(); err != nil { // the cache dies: the node keeps its link and rules
+			t.Fatal(err)
+		}
+		lock := filepath.Join(t.TempDir(), "guard.lock")
+		g := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		waitFor(t, "guard fails open", 3*time.Second, func() bool { return g.State() == GuardFailedOpen })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		g.Close()
+		if e.cacheJumps() {
+			t.Error("jumps still in place")
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA)
+
+		g2 := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		e.runGuard(g2)
+		waitFor(t, "restarted guard knows", time.Second, func() bool { return g2.State() == GuardFailedOpen })
+		if g2.Failovers() != 0 {
+			t.Errorf("restarted guard counted %d failovers", g2.Failovers())
+		}
+	})
+}
+
+func TestGuardConfigErrors(t *testing.T) {
+	lock := filepath.Join(t.TempDir(), "guard.lock")
+	ll6 := netip.MustParseAddr("fd00:169:254::10")
+	cases := []struct {
+		name string
+		cfg  GuardConfig
+		want string
+	}{
+		{"no addresses", GuardConfig{}, "needs the cache's addresses"},
+		{"no upstream", GuardConfig{Addresses: []netip.Addr{addrA}}, "no kube-dns-upstream address"},
+		{"no IPv6 upstream", GuardConfig{Addresses: []netip.Addr{addrA, ll6}, Upstream: []netip.Addr{guardUpstreamIP}}, "fd00:169:254::10's family"},
+		{"foreign service address", GuardConfig{Addresses: []netip.Addr{addrA}, ServiceAddresses: []netip.Addr{guardClusterIP}, Upstream: []netip.Addr{guardUpstreamIP}}, "not one of the cache's addresses"},
+		{"bad backend", GuardConfig{Addresses: []netip.Addr{guardClusterIP}, ServiceAddresses: []netip.Addr{guardClusterIP}, Backend: "ipvs"}, "unknown iptables backend"},
+	}
+	for _, tc := range cases {
+		tc.cfg.LockPath = lock
+		_, err := NewGuard(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || KindOf(err) != KindConfig {
+			t.Errorf("%s: %v, want a config error saying %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestSecondGuardIsRefused(t *testing.T) {
+	cfg := GuardConfig{
+		LockPath:         filepath.Join(t.TempDir(), "guard.lock"),
+		Addresses:        []netip.Addr{addrA, guardClusterIP},
+		ServiceAddresses: []netip.Addr{guardClusterIP},
+		Upstream:         []netip.Addr{guardUpstreamIP},
+	}
+	g, err := NewGuard(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	_, err = NewGuard(cfg)
+	if KindOf(err) != KindNodeLock || !strings.Contains(err.Error(), "another instance") {
+		t.Errorf("second guard: %v, want a node_lock error naming the first", err)
+	}
+}
+
+func TestDNSProbe(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeRefused) // any rcode counts: the server is alive
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	defer srv.Shutdown()
+	probe := DNSProbe("cluster.local", dns.TypeSOA, 300*time.Millisecond)
+	ctx := context.Background()
+	if err := probe(ctx, netip.MustParseAddrPort(pc.LocalAddr().String())); err != nil {
+		t.Errorf("live server: %v", err)
+	}
+
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	start := time.Now()
+	if err := probe(ctx, netip.MustParseAddrPort(silent.LocalAddr().String())); err == nil {
+		t.Error("a server that never answers passed")
+	} else if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("probe took %v, timeout 300ms", d)
+	}
+
+	closed, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closed.LocalAddr().String()
+	closed.Close()
+	if err := probe(ctx, netip.MustParseAddrPort(addr)); err == nil {
+		t.Error("a closed port passed")
+	}
+}
+
+func TestCheckProbeResponse(t *testing.T) {
+	q := new(dns.Msg)
+	q.SetQuestion("cluster.local.", dns.TypeSOA)
+	ok := new(dns.Msg)
+	ok.SetRcode(q, dns.RcodeServerFailure)
+	wrongID := ok.Copy()
+	wrongID.Id = q.Id + 1
+	wrongQ := ok.Copy()
+	wrongQ.Question[0].Name = "example.org."
+	notResponse := q.Copy()
+	upper := ok.Copy()
+	upper.Question[0].Name = "CLUSTER.local."
+	for _, tc := range []struct {
+		name string
+		r    *dns.Msg
+		ok   bool
+	}{
+		{"SERVFAIL", ok, true}, {"0x20 case", upper, true}, {"nil", nil, false},
+		{"wrong ID", wrongID, false}, {"wrong question", wrongQ, false}, {"query", notResponse, false},
+	} {
+		if err := CheckProbeResponse(q, tc.r); (err == nil) != tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
