@@ -130,15 +130,26 @@ func (n *Node) installKubeProxyRules() {
 }
 
 // writePodResolvConf gives the Pod namespace the resolv.conf of a ClusterFirst Pod; `ip netns exec` mounts
-// /etc/netns/<ns>/resolv.conf over /etc/resolv.conf for every command it runs there.
+// /etc/netns/<ns>/resolv.conf over /etc/resolv.conf for every command it runs there. An nsswitch.conf that
+// resolves hosts by files and DNS only, as a Pod's does, keeps glibc in the Pod from asking a resolver of
+// the machine (systemd-resolved, mDNS) through a socket outside the namespace.
 func (n *Node) writePodResolvConf() {
 	dir := filepath.Join("/etc/netns", n.PodNS)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		n.t.Fatalf("simnode: %v", err)
 	}
-	conf := fmt.Sprintf("nameserver %s\nsearch default.svc.%[2]s svc.%[2]s %[2]s\noptions ndots:5\n",
-		KubeDNSClusterIP, ClusterDomain)
-	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "nsswitch.conf"), []byte("hosts: files dns\n"), 0o644); err != nil {
+		n.t.Fatalf("simnode: %v", err)
+	}
+	n.SetPodNameserver(KubeDNSClusterIP)
+}
+
+// SetPodNameserver rewrites the Pod's resolv.conf with nameserver ip, keeping a ClusterFirst Pod's search
+// list and ndots. Commands started in the Pod afterwards use it.
+func (n *Node) SetPodNameserver(ip string) {
+	n.t.Helper()
+	conf := fmt.Sprintf("nameserver %s\nsearch default.svc.%[2]s svc.%[2]s %[2]s\noptions ndots:5\n", ip, ClusterDomain)
+	if err := os.WriteFile(filepath.Join("/etc/netns", n.PodNS, "resolv.conf"), []byte(conf), 0o644); err != nil {
 		n.t.Fatalf("simnode: %v", err)
 	}
 }
@@ -237,8 +248,15 @@ func (p *Process) Exited() bool {
 // when the test ends, and logs its output when the test failed.
 func (n *Node) Start(ns, name string, args ...string) *Process {
 	n.t.Helper()
+	return n.StartEnv(ns, nil, name, args...)
+}
+
+// StartEnv is Start with env as the process's whole environment (nil: this process's).
+func (n *Node) StartEnv(ns string, env []string, name string, args ...string) *Process {
+	n.t.Helper()
 	p := &Process{done: make(chan struct{})}
 	p.Cmd = n.command(context.Background(), ns, name, args...)
+	p.Cmd.Env = env
 	p.Cmd.Stdout, p.Cmd.Stderr = p, p
 	if err := p.Cmd.Start(); err != nil {
 		n.t.Fatalf("simnode: starting %s in %s: %v", name, ns, err)
@@ -423,4 +441,18 @@ func (n *Node) startCoreDNS(binary, ns, dir, corefile string, files map[string]s
 // CountQueries counts the queries for name (a FQDN) over proto ("udp" or "tcp") in a CoreDNS log.
 func CountQueries(log, name, proto string) int {
 	return strings.Count(strings.ToLower(log), " in "+strings.ToLower(dns.Fqdn(name))+" "+proto+" ")
+}
+
+// WaitForQueries waits up to timeout for p's CoreDNS log to count at least atLeast queries for name over
+// proto, and returns the count then. CoreDNS logs a query after it has answered it, so a client that has
+// its answer may read the log before the line is there.
+func WaitForQueries(p *Process, name, proto string, atLeast int, timeout time.Duration) int {
+	deadline := time.Now().Add(timeout)
+	for {
+		got := CountQueries(p.Output(), name, proto)
+		if got >= atLeast || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -58,7 +58,7 @@ func TestWithoutCacheLookupsAreDNATed(t *testing.T) {
 		t.Errorf("conntrack has %d entries to %s:53, want at least %d (one per lookup):\n%s",
 			len(entries), KubeDNSClusterIP, lookups, strings.Join(entries, "\n"))
 	}
-	if got := CountQueries(clusterDNS.Output(), "kubernetes.default.svc.cluster.local", "udp"); got < lookups {
+	if got := WaitForQueries(clusterDNS, "kubernetes.default.svc.cluster.local", "udp", lookups, 2*time.Second); got < lookups {
 		t.Errorf("cluster DNS saw %d UDP queries, want at least %d", got, lookups)
 	}
 
@@ -83,7 +83,7 @@ func TestExternalResolverAnswersOutsideNames(t *testing.T) {
 	if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != ExternalAnswer {
 		t.Fatalf("answer = %v, want %s", r.Answer, ExternalAnswer)
 	}
-	if got := CountQueries(ext.Output(), "example.org", "udp"); got != 1 {
+	if got := WaitForQueries(ext, "example.org", "udp", 1, 2*time.Second); got != 1 {
 		t.Errorf("external resolver logged %d queries for example.org, want 1:\n%s", got, ext.Output())
 	}
 }
