@@ -1,0 +1,470 @@
+package nodelocal
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// Severity grades a preflight Finding.
+type Severity string
+
+// The severities. An error means the cache would not work, or would break the node's DNS.
+const (
+	SeverityOK      Severity = "ok"
+	SeverityWarning Severity = "warning"
+	SeverityError   Severity = "error"
+)
+
+// Finding is what one preflight check found.
+type Finding struct {
+	// Check names the check, e.g. "kube-proxy mode".
+	Check    string
+	Severity Severity
+	Message  string
+	// Fix says what to do about a warning or an error.
+	Fix string
+}
+
+func (f Finding) String() string {
+	s := fmt.Sprintf("[%s] %s: %s", f.Severity, f.Check, f.Message)
+	if f.Fix != "" {
+		s += " (fix: " + f.Fix + ")"
+	}
+	return s
+}
+
+// HasErrors reports whether any finding is an error.
+func HasErrors(fs []Finding) bool {
+	return slices.ContainsFunc(fs, func(f Finding) bool { return f.Severity == SeverityError })
+}
+
+// Defaults of PreflightConfig's paths.
+const (
+	DefaultResolvConf    = "/etc/resolv.conf"
+	DefaultXtablesLock   = "/run/xtables.lock"
+	DefaultProcStatus    = "/proc/self/status"
+	DefaultKubeletConfig = "/var/lib/kubelet/config.yaml"
+	// IPVSInterface is the link kube-proxy's IPVS mode puts every ClusterIP on.
+	IPVSInterface = "kube-ipvs0"
+)
+
+// PreflightConfig says what the cache is about to do on the node, and where to read the node's state.
+// The paths are there so that the checks can be run against synthetic state.
+type PreflightConfig struct {
+	// Interface is the cache's link; DefaultInterface when empty.
+	Interface string
+	// Addresses are the cache's local addresses (the link-local one, and the kube-dns ClusterIP in
+	// iptables mode).
+	Addresses []netip.Addr
+	// Backend is the cache's configured iptables backend: auto (or empty), legacy or nft.
+	Backend string
+	// ResolvConf is the resolv.conf the cache forwards to; DefaultResolvConf when empty.
+	ResolvConf string
+	// XtablesLock is the xtables lock file as the cache's container sees it; DefaultXtablesLock when empty.
+	XtablesLock string
+	// ProcStatus is read for the effective capabilities; DefaultProcStatus when empty.
+	ProcStatus string
+	// KubeletConfig is kubelet's configuration file, read for clusterDNS in IPVS mode;
+	// DefaultKubeletConfig when empty. An unreadable file is a warning.
+	KubeletConfig string
+}
+
+func (c PreflightConfig) withDefaults() PreflightConfig {
+	if c.Interface == "" {
+		c.Interface = DefaultInterface
+	}
+	if c.Backend == "" {
+		c.Backend = string(rules.Auto)
+	}
+	if c.ResolvConf == "" {
+		c.ResolvConf = DefaultResolvConf
+	}
+	if c.XtablesLock == "" {
+		c.XtablesLock = DefaultXtablesLock
+	}
+	if c.ProcStatus == "" {
+		c.ProcStatus = DefaultProcStatus
+	}
+	if c.KubeletConfig == "" {
+		c.KubeletConfig = DefaultKubeletConfig
+	}
+	return c
+}
+
+// Preflight runs the rollout checklist against the node it runs on, read-only: kube-proxy's mode and what
+// it means for the addresses, the local addresses already in use, the iptables backend, a node cache
+// already present, a resolver loop, the capabilities and the xtables lock. Each check adds one or more
+// findings; none changes anything.
+func Preflight(ctx context.Context, cfg PreflightConfig) []Finding {
+	cfg = cfg.withDefaults()
+	st := readNodeState(ctx, cfg)
+	var fs []Finding
+	fs = append(fs, checkKubeProxyMode(cfg, st)...)
+	fs = append(fs, checkAddressesInUse(cfg, st)...)
+	fs = append(fs, checkBackend(cfg, st)...)
+	fs = append(fs, checkForeignCache(cfg, st)...)
+	fs = append(fs, checkResolvConf(cfg)...)
+	fs = append(fs, checkCapabilities(cfg)...)
+	fs = append(fs, checkXtablesLock(cfg, st)...)
+	return fs
+}
+
+// nodeState is what the checks read from the node, read once.
+type nodeState struct {
+	links     map[string]linkInfo
+	linksErr  error
+	routes    []routeInfo
+	routesErr error
+	// saves holds each installed backend's iptables-save output (IPv4 and IPv6 together).
+	saves map[rules.Mode][]byte
+	// nftTables is `nft list tables`, nil when nft is not installed.
+	nftTables []byte
+}
+
+type linkInfo struct {
+	alias string
+	addrs []netip.Addr
+}
+
+type routeInfo struct {
+	dst  netip.Prefix
+	link string
+}
+
+func readNodeState(ctx context.Context, cfg PreflightConfig) nodeState {
+	st := nodeState{links: map[string]linkInfo{}, saves: map[rules.Mode][]byte{}}
+	names := map[int]string{}
+	links, err := netlink.LinkList()
+	if err != nil {
+		st.linksErr = err
+	}
+	for _, l := range links {
+		info := linkInfo{alias: l.Attrs().Alias}
+		names[l.Attrs().Index] = l.Attrs().Name
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			st.linksErr = err
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				info.addrs = append(info.addrs, ip.Unmap())
+			}
+		}
+		st.links[l.Attrs().Name] = info
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		st.routesErr = err
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue // the default route holds every address; it says nothing
+		}
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		if ones == 0 {
+			continue
+		}
+		st.routes = append(st.routes, routeInfo{dst: netip.PrefixFrom(ip.Unmap(), ones), link: names[r.LinkIndex]})
+	}
+	for _, mode := range []rules.Mode{rules.Legacy, rules.NFT} {
+		var all []byte
+		found := false
+		for _, prefix := range []string{"iptables", "ip6tables"} {
+			path, err := exec.LookPath(prefix + "-" + string(mode) + "-save")
+			if err != nil {
+				continue
+			}
+			found = true
+			// A family or table the kernel lacks simply has no rules to find.
+			out, _ := exec.CommandContext(ctx, path).Output()
+			all = append(all, out...)
+		}
+		if found {
+			st.saves[mode] = all
+		}
+	}
+	if path, err := exec.LookPath("nft"); err == nil {
+		out, _ := exec.CommandContext(ctx, path, "list", "tables").Output()
+		st.nftTables = out
+		if st.nftTables == nil {
+			st.nftTables = []byte{}
+		}
+	}
+	return st
+}
+
+var (
+	kubeServicesChain = regexp.MustCompile(`(?m)^:KUBE-SERVICES\s`)
+	kubeChainLine     = regexp.MustCompile(`(?m)^:KUBE-`)
+	kubeProxyNFT      = regexp.MustCompile(`(?m)^table (ip|ip6|inet) kube-proxy$`)
+	upstreamComment   = regexp.MustCompile(`(?m)^-A .*NodeLocal DNS Cache`)
+)
+
+func checkKubeProxyMode(cfg PreflightConfig, st nodeState) []Finding {
+	const check = "kube-proxy mode"
+	if ipvs, ok := st.links[IPVSInterface]; ok {
+		var bound []netip.Addr
+		for _, a := range cfg.Addresses {
+			if slices.Contains(ipvs.addrs, a) {
+				bound = append(bound, a)
+			}
+		}
+		if len(bound) > 0 {
+			return []Finding{{check, SeverityError,
+				fmt.Sprintf("IPVS: %s holds %v, a ClusterIP kube-proxy serves; the cache cannot take it over", IPVSInterface, bound),
+				"serve only the link-local address (drop the ClusterIP from -localip) and set kubelet's clusterDNS to it"}}
+		}
+		return []Finding{checkKubeletClusterDNS(cfg)}
+	}
+	if st.nftTables != nil && kubeProxyNFT.Match(st.nftTables) {
+		return []Finding{{check, SeverityWarning,
+			"nftables: kube-proxy's rules live in nft table kube-proxy, where iptables cannot see them, so the backend cannot be detected from them",
+			"set the cache's iptables backend to nft explicitly, and test the fail-open path (the guard) on one node first"}}
+	}
+	for _, mode := range []rules.Mode{rules.NFT, rules.Legacy} {
+		if kubeServicesChain.Match(st.saves[mode]) {
+			return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("iptables (KUBE-SERVICES in iptables-%s)", mode)}}
+		}
+	}
+	return []Finding{{check, SeverityWarning, "no kube-proxy rules found (no " + IPVSInterface + ", no KUBE-SERVICES chain, no nft table kube-proxy)",
+		"run on a node where kube-proxy runs, or check that the cluster's Service proxy still DNATs the kube-dns ClusterIP: the fail-open path relies on it"}}
+}
+
+// checkKubeletClusterDNS reads clusterDNS from kubelet's configuration: in IPVS mode Pods must be told the
+// link-local address, since the ClusterIP stays kube-proxy's.
+func checkKubeletClusterDNS(cfg PreflightConfig) Finding {
+	const check = "kube-proxy mode"
+	fix := fmt.Sprintf("set kubelet's clusterDNS to %v", cfg.Addresses)
+	data, err := os.ReadFile(cfg.KubeletConfig)
+	if err != nil {
+		return Finding{check, SeverityWarning, fmt.Sprintf("IPVS; could not read kubelet's configuration: %v", err), fix}
+	}
+	dns := yamlList(data, "clusterDNS")
+	for _, s := range dns {
+		if a, err := netip.ParseAddr(s); err == nil && slices.Contains(cfg.Addresses, a.Unmap()) {
+			return Finding{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("IPVS; kubelet's clusterDNS is %v", dns)}
+		}
+	}
+	return Finding{check, SeverityError, fmt.Sprintf("IPVS: kubelet's clusterDNS is %v, not one of the cache's addresses: Pods would bypass the cache", dns), fix}
+}
+
+// yamlList returns the items of a top-level block or flow list in a YAML file, which is all kubelet's
+// clusterDNS ever is.
+func yamlList(data []byte, key string) []string {
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	in := false
+	for sc.Scan() {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, key+":"); ok {
+			rest = strings.TrimSpace(rest)
+			if strings.HasPrefix(rest, "[") {
+				for _, f := range strings.Split(strings.Trim(rest, "[]"), ",") {
+					if f = strings.Trim(strings.TrimSpace(f), `"'`); f != "" {
+						out = append(out, f)
+					}
+				}
+				return out
+			}
+			in = true
+			continue
+		}
+		if !in {
+			continue
+		}
+		if item, ok := strings.CutPrefix(trimmed, "- "); ok {
+			out = append(out, strings.Trim(strings.TrimSpace(item), `"'`))
+			continue
+		}
+		if trimmed != "" && !strings.HasPrefix(trimmed, "#") {
+			break
+		}
+	}
+	return out
+}
+
+func checkAddressesInUse(cfg PreflightConfig, st nodeState) []Finding {
+	const check = "local addresses"
+	if st.linksErr != nil || st.routesErr != nil {
+		return []Finding{{check, SeverityError, fmt.Sprintf("could not read links and routes: %v", errors.Join(st.linksErr, st.routesErr)), "run with CAP_NET_ADMIN in the host's network namespace"}}
+	}
+	var fs []Finding
+	for _, a := range cfg.Addresses {
+		for name, l := range st.links {
+			if name == cfg.Interface || name == IPVSInterface || !slices.Contains(l.addrs, a) {
+				continue // kube-ipvs0 is the kube-proxy check's business
+			}
+			fs = append(fs, Finding{check, SeverityError, fmt.Sprintf("%s is already on link %s", a, name),
+				fmt.Sprintf("choose another local address, or remove %s from %s", a, name)})
+		}
+		for _, r := range st.routes {
+			if r.link == cfg.Interface || r.link == IPVSInterface || !r.dst.Contains(a) || r.dst.Bits() == a.BitLen() {
+				continue
+			}
+			fs = append(fs, Finding{check, SeverityWarning, fmt.Sprintf("%s is inside route %s dev %s: the node sends that range elsewhere", a, r.dst, r.link),
+				"make sure nothing on the node needs that route for this address (a cloud metadata range, say), or choose another address"})
+		}
+	}
+	if len(fs) == 0 {
+		fs = append(fs, Finding{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("%v are on no other link and in no route", cfg.Addresses)})
+	}
+	return fs
+}
+
+func checkBackend(cfg PreflightConfig, st nodeState) []Finding {
+	const check = "iptables backend"
+	mode, err := rules.ParseMode(cfg.Backend)
+	if err != nil {
+		return []Finding{{check, SeverityError, err.Error(), "use auto, legacy or nft"}}
+	}
+	if len(st.saves) == 0 {
+		return []Finding{{check, SeverityError, "neither iptables-legacy-save nor iptables-nft-save is installed", "install iptables 1.8 with both backends"}}
+	}
+	var kube []rules.Mode
+	for _, m := range []rules.Mode{rules.Legacy, rules.NFT} {
+		if kubeChainLine.Match(st.saves[m]) {
+			kube = append(kube, m)
+		}
+	}
+	switch {
+	case len(kube) == 2:
+		return []Finding{{check, SeverityWarning, "KUBE-* chains are in both iptables-legacy and iptables-nft: an old kube-proxy or kubelet left rules behind",
+			"find which backend kube-proxy uses now (its logs) and set the cache's backend to it"}}
+	case len(kube) == 0:
+		return []Finding{{Check: check, Severity: SeverityOK, Message: "no KUBE-* chains in iptables; the cache chooses " + string(rules.NFT) + " unless configured"}}
+	case mode != rules.Auto && mode != kube[0]:
+		return []Finding{{check, SeverityError, fmt.Sprintf("the cache is configured for %s, but kube-proxy's rules are in iptables-%s: the rules would not order with each other", mode, kube[0]),
+			fmt.Sprintf("set the backend to %s or auto", kube[0])}}
+	}
+	return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("kube-proxy's rules are in iptables-%s; the cache uses %s", kube[0], mode)}}
+}
+
+func checkForeignCache(cfg PreflightConfig, st nodeState) []Finding {
+	const check = "other node cache"
+	var fs []Finding
+	for _, m := range []rules.Mode{rules.Legacy, rules.NFT} {
+		if upstreamComment.Match(st.saves[m]) {
+			fs = append(fs, Finding{check, SeverityError, fmt.Sprintf("iptables-%s holds rules commented \"NodeLocal DNS Cache\": upstream's node-local-dns runs, or ran, here", m),
+				"remove the upstream node-local-dns DaemonSet (its teardown removes its rules) before rolling this one out"})
+		}
+	}
+	if l, ok := st.links[cfg.Interface]; ok && l.alias != link.DefaultAlias {
+		fs = append(fs, Finding{check, SeverityError, fmt.Sprintf("link %s exists and was not created by nodelocaldns (alias %q): another node cache owns it", cfg.Interface, l.alias),
+			"remove the other node cache, or give this one another -interfacename"})
+	}
+	if len(fs) == 0 {
+		fs = append(fs, Finding{Check: check, Severity: SeverityOK, Message: "no upstream node-local-dns rules or link"})
+	}
+	return fs
+}
+
+func checkResolvConf(cfg PreflightConfig) []Finding {
+	const check = "resolv.conf"
+	data, err := os.ReadFile(cfg.ResolvConf)
+	if err != nil {
+		return []Finding{{check, SeverityWarning, fmt.Sprintf("could not read it: %v", err), "the cache forwards names outside the cluster to the resolvers of " + cfg.ResolvConf + "; mount the node's"}}
+	}
+	var servers []string
+	var fs []Finding
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		servers = append(servers, f[1])
+		if a, err := netip.ParseAddr(f[1]); err == nil && slices.Contains(cfg.Addresses, a.Unmap()) {
+			fs = append(fs, Finding{check, SeverityError, fmt.Sprintf("%s names %s, one of the cache's own addresses: the cache would forward to itself", cfg.ResolvConf, a),
+				"point the node's resolv.conf (kubelet's --resolv-conf) at the real upstream resolvers"})
+		}
+	}
+	if len(servers) == 0 {
+		fs = append(fs, Finding{check, SeverityWarning, cfg.ResolvConf + " names no nameserver", "give the node upstream resolvers"})
+	}
+	if len(fs) == 0 {
+		fs = append(fs, Finding{Check: check, Severity: SeverityOK, Message: "nameservers " + strings.Join(servers, ", ")})
+	}
+	return fs
+}
+
+// Capability bits, from linux/capability.h.
+const (
+	capNetAdmin = 12
+	capNetRaw   = 13
+)
+
+func checkCapabilities(cfg PreflightConfig) []Finding {
+	const check = "capabilities"
+	data, err := os.ReadFile(cfg.ProcStatus)
+	if err != nil {
+		return []Finding{{check, SeverityError, fmt.Sprintf("could not read %s: %v", cfg.ProcStatus, err), ""}}
+	}
+	eff, err := capEff(data)
+	if err != nil {
+		return []Finding{{check, SeverityError, fmt.Sprintf("%s: %v", cfg.ProcStatus, err), ""}}
+	}
+	var missing []string
+	if eff&(1<<capNetAdmin) == 0 {
+		missing = append(missing, "NET_ADMIN")
+	}
+	if eff&(1<<capNetRaw) == 0 {
+		missing = append(missing, "NET_RAW")
+	}
+	if len(missing) > 0 {
+		return []Finding{{check, SeverityError, "missing " + strings.Join(missing, " and ") + ": the cache cannot add its link or rules",
+			"add them to the container's securityContext.capabilities"}}
+	}
+	return []Finding{{Check: check, Severity: SeverityOK, Message: "NET_ADMIN and NET_RAW are effective"}}
+}
+
+// capEff parses the CapEff line of /proc/<pid>/status.
+func capEff(status []byte) (uint64, error) {
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
+			if err != nil {
+				return 0, fmt.Errorf("CapEff %q: %w", strings.TrimSpace(rest), err)
+			}
+			return v, nil
+		}
+	}
+	return 0, errors.New("no CapEff line")
+}
+
+func checkXtablesLock(cfg PreflightConfig, st nodeState) []Finding {
+	const check = "xtables lock"
+	fi, err := os.Stat(cfg.XtablesLock)
+	if err == nil && fi.Mode().IsRegular() {
+		return []Finding{{Check: check, Severity: SeverityOK, Message: cfg.XtablesLock + " exists"}}
+	}
+	msg := fmt.Sprintf("%s is missing or not a file", cfg.XtablesLock)
+	fix := "mount the host's " + DefaultXtablesLock + " (hostPath, type FileOrCreate): without it iptables-legacy in the container and kube-proxy do not exclude each other"
+	mode, _ := rules.ParseMode(cfg.Backend)
+	legacy := mode == rules.Legacy || (mode == rules.Auto && kubeChainLine.Match(st.saves[rules.Legacy]) && !kubeChainLine.Match(st.saves[rules.NFT]))
+	if legacy {
+		return []Finding{{check, SeverityError, msg + " and the backend is legacy", fix}}
+	}
+	return []Finding{{check, SeverityWarning, msg + " (iptables-nft does not need it; legacy does)", fix}}
+}

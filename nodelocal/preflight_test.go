@@ -1,0 +1,198 @@
+package nodelocal
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// preflightFiles writes a healthy node's files into a temporary directory and returns a config that
+// reads them.
+func preflightFiles(t *testing.T) PreflightConfig {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := PreflightConfig{
+		Addresses:     []netip.Addr{addrA, guardClusterIP},
+		ResolvConf:    filepath.Join(dir, "resolv.conf"),
+		XtablesLock:   filepath.Join(dir, "xtables.lock"),
+		ProcStatus:    filepath.Join(dir, "status"),
+		KubeletConfig: filepath.Join(dir, "kubelet.yaml"),
+	}
+	write(t, cfg.ResolvConf, "search example.org\nnameserver 192.0.2.53\n")
+	write(t, cfg.XtablesLock, "")
+	write(t, cfg.ProcStatus, "Name:\tnode-cache\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n")
+	return cfg
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// only returns the findings of check, and fails the test unless there is exactly one with severity sev
+// whose message contains want.
+func expectFinding(t *testing.T, fs []Finding, check string, sev Severity, want string) {
+	t.Helper()
+	var of []Finding
+	for _, f := range fs {
+		if f.Check == check {
+			of = append(of, f)
+		}
+	}
+	if len(of) != 1 || of[0].Severity != sev || !strings.Contains(of[0].Message, want) {
+		t.Errorf("%s: got %v, want one %s finding saying %q", check, of, sev, want)
+	}
+	if len(of) == 1 && sev != SeverityOK && of[0].Fix == "" {
+		t.Errorf("%s: %s without a fix", check, sev)
+	}
+}
+
+func TestPreflightOnAHealthyNode(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		cfg := preflightFiles(t)
+		e.restore(rules.IPv4, "*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n")
+		fs := Preflight(context.Background(), cfg)
+		for _, f := range fs {
+			t.Log(f)
+		}
+		if HasErrors(fs) {
+			t.Error("errors on a healthy node")
+		}
+		expectFinding(t, fs, "kube-proxy mode", SeverityOK, "KUBE-SERVICES in iptables-nft")
+		expectFinding(t, fs, "local addresses", SeverityOK, "on no other link")
+		expectFinding(t, fs, "iptables backend", SeverityOK, "kube-proxy's rules are in iptables-nft")
+		expectFinding(t, fs, "other node cache", SeverityOK, "no upstream")
+		expectFinding(t, fs, "resolv.conf", SeverityOK, "192.0.2.53")
+		expectFinding(t, fs, "capabilities", SeverityOK, "NET_ADMIN")
+		expectFinding(t, fs, "xtables lock", SeverityOK, "exists")
+
+		// Configured for the other backend than kube-proxy's.
+		cfg.Backend = "legacy"
+		expectFinding(t, Preflight(context.Background(), cfg), "iptables backend", SeverityError, "configured for legacy")
+	})
+}
+
+func TestPreflightKubeProxyModes(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		cfg := preflightFiles(t)
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "no kube-proxy rules")
+
+		run(t, "nft", "add", "table", "ip", "kube-proxy")
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "nftables")
+		run(t, "nft", "delete", "table", "ip", "kube-proxy")
+
+		// IPVS: kube-ipvs0 holds the ClusterIP.
+		run(t, "ip", "link", "add", IPVSInterface, "type", "bridge")
+		run(t, "ip", "addr", "add", "10.96.0.10/32", "dev", IPVSInterface)
+		fs := Preflight(ctx, cfg)
+		expectFinding(t, fs, "kube-proxy mode", SeverityError, "IPVS: kube-ipvs0 holds [10.96.0.10]")
+		expectFinding(t, fs, "local addresses", SeverityOK, "on no other link")
+
+		// IPVS with the link-local address only: kubelet's clusterDNS decides.
+		cfg.Addresses = []netip.Addr{addrA}
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not read kubelet's configuration")
+		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS:\n- 10.96.0.10\nclusterDomain: cluster.local\n")
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityError, "clusterDNS is [10.96.0.10]")
+		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS: [\"169.254.20.10\"]\n")
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityOK, "IPVS; kubelet's clusterDNS is [169.254.20.10]")
+	})
+}
+
+func TestPreflightAddressesInUse(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		cfg := preflightFiles(t)
+		run(t, "ip", "link", "add", "other0", "type", "bridge")
+		run(t, "ip", "link", "set", "other0", "up")
+		run(t, "ip", "route", "add", "169.254.0.0/16", "dev", "other0")
+		expectFinding(t, Preflight(ctx, cfg), "local addresses", SeverityWarning, "169.254.20.10 is inside route 169.254.0.0/16 dev other0")
+		run(t, "ip", "route", "del", "169.254.0.0/16", "dev", "other0")
+		run(t, "ip", "addr", "add", "10.96.0.10/32", "dev", "other0")
+		expectFinding(t, Preflight(ctx, cfg), "local addresses", SeverityError, "10.96.0.10 is already on link other0")
+	})
+}
+
+func TestPreflightForeignCache(t *testing.T) {
+	inNamespace(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		cfg := preflightFiles(t)
+		// Our own link from an earlier run is fine.
+		m, err := link.New(link.Options{Name: DefaultInterface})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Ensure(ctx, []netip.Addr{addrA}); err != nil {
+			t.Fatal(err)
+		}
+		expectFinding(t, Preflight(ctx, cfg), "other node cache", SeverityOK, "no upstream")
+		if err := m.Teardown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Upstream's node-cache creates the link without our alias.
+		run(t, "ip", "link", "add", DefaultInterface, "type", "bridge")
+		expectFinding(t, Preflight(ctx, cfg), "other node cache", SeverityError, "was not created by nodelocaldns")
+		run(t, "ip", "link", "del", DefaultInterface)
+		// And comments its rules so.
+		e.restore(rules.IPv4, "*raw\n-A PREROUTING -d 169.254.20.10/32 -p udp -m udp --dport 53 -m comment --comment \"NodeLocal DNS Cache: skip conntrack\" -j NOTRACK\nCOMMIT\n")
+		expectFinding(t, Preflight(ctx, cfg), "other node cache", SeverityError, "iptables-"+string(e.mode)+" holds rules commented")
+	})
+}
+
+func TestPreflightFiles(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		cfg := preflightFiles(t)
+		write(t, cfg.ResolvConf, "nameserver 192.0.2.53\nnameserver 169.254.20.10\n")
+		expectFinding(t, Preflight(ctx, cfg), "resolv.conf", SeverityError, "forward to itself")
+		write(t, cfg.ResolvConf, "search example.org\n")
+		expectFinding(t, Preflight(ctx, cfg), "resolv.conf", SeverityWarning, "names no nameserver")
+
+		write(t, cfg.ProcStatus, "CapEff:\t0000000000002000\n") // NET_RAW only
+		expectFinding(t, Preflight(ctx, cfg), "capabilities", SeverityError, "missing NET_ADMIN")
+		write(t, cfg.ProcStatus, "CapEff:\t0000000000000000\n")
+		expectFinding(t, Preflight(ctx, cfg), "capabilities", SeverityError, "missing NET_ADMIN and NET_RAW")
+
+		if err := os.Remove(cfg.XtablesLock); err != nil {
+			t.Fatal(err)
+		}
+		expectFinding(t, Preflight(ctx, cfg), "xtables lock", SeverityWarning, "missing")
+		cfg.Backend = "legacy"
+		fs := Preflight(ctx, cfg)
+		expectFinding(t, fs, "xtables lock", SeverityError, "the backend is legacy")
+		if !HasErrors(fs) {
+			t.Error("HasErrors is false")
+		}
+	})
+}
+
+func TestYAMLList(t *testing.T) {
+	for in, want := range map[string][]string{
+		"clusterDNS:\n- 10.96.0.10\n- \"fd00::a\"\nclusterDomain: x\n": {"10.96.0.10", "fd00::a"},
+		"a: 1\nclusterDNS: [169.254.20.10, '10.96.0.10']\n":            {"169.254.20.10", "10.96.0.10"},
+		"clusterDNS:\n  # a comment\n  - 169.254.20.10\n":              {"169.254.20.10"},
+		"clusterDomain: cluster.local\n":                               nil,
+	} {
+		if got := yamlList([]byte(in), "clusterDNS"); !slices.Equal(got, want) {
+			t.Errorf("%q: %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestCapEff(t *testing.T) {
+	if v, err := capEff([]byte("CapPrm:\t0\nCapEff:\t0000000000003000\n")); err != nil || v != 0x3000 {
+		t.Errorf("got %x, %v", v, err)
+	}
+	if _, err := capEff([]byte("Name: x\n")); err == nil {
+		t.Error("no CapEff line passed")
+	}
+}
