@@ -41,6 +41,7 @@ import (
 )
 
 func main() {
+	runSideMode() // -guard and -preflight (guard.go, preflight.go) run here and exit
 	directives, err := compiledDirectives()
 	if err != nil {
 		log.Fatalf("node-cache: %v", err)

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+)
+
+// guardFlags are the flags of the -guard mode. It shares -localip, -interfacename, -upstreamsvc,
+// -metrics-listen-address and CoreDNS's -dns.port with the drop-in mode, so the guard container's
+// arguments repeat the cache's.
+type guardFlags struct {
+	enabled      bool
+	serviceIPs   string
+	upstreamIPs  string
+	backend      string
+	lockPath     string
+	interval     time.Duration
+	timeout      time.Duration
+	failAfter    int
+	recoverAfter int
+	probeName    string
+}
+
+func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
+	g := &guardFlags{}
+	fs.BoolVar(&g.enabled, "guard", false, "run the fail-open guard beside the cache instead of the cache (see nodelocal.Guard)")
+	fs.StringVar(&g.serviceIPs, "guard.serviceips", "", "those of -localip that are kube-proxy Service ClusterIPs, removed from the link when failing open; default $KUBE_DNS_SERVICE_HOST when it is one of them")
+	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST")
+	fs.StringVar(&g.backend, "guard.backend", "auto", "iptables backend: auto, legacy or nft")
+	fs.StringVar(&g.lockPath, "guard.lockpath", nodelocal.DefaultGuardLockPath, "the guard's lock file (one guard per node)")
+	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds")
+	fs.DurationVar(&g.timeout, "guard.timeout", nodelocal.DefaultGuardProbeTimeout, "timeout of each probe")
+	fs.IntVar(&g.failAfter, "guard.failafter", nodelocal.DefaultGuardFailAfter, "failed rounds in a row before failing open")
+	fs.IntVar(&g.recoverAfter, "guard.recoverafter", nodelocal.DefaultGuardRecoverAfter, "answered rounds in a row, after the cache took the node back, before watching again")
+	fs.StringVar(&g.probeName, "guard.probename", nodelocal.DefaultGuardProbeName, "name whose SOA the probes ask for; any answer counts")
+	return g
+}
+
+var guardOpts = registerGuardFlags(flag.CommandLine)
+
+// guardConfig builds the guard's configuration from the flags; getenv reads the Service variables
+// Kubernetes gives every container.
+func (g *guardFlags) guardConfig(fs *flag.FlagSet, nc *nodeCacheFlags, getenv func(string) string) (nodelocal.GuardConfig, error) {
+	cfg := nodelocal.GuardConfig{
+		Interface:    nc.interfaceName,
+		Backend:      g.backend,
+		LockPath:     g.lockPath,
+		Interval:     g.interval,
+		ProbeTimeout: g.timeout,
+		FailAfter:    g.failAfter,
+		RecoverAfter: g.recoverAfter,
+		ProbeName:    g.probeName,
+	}
+	var errs []error
+	if g.interval <= 0 || g.timeout <= 0 || g.failAfter <= 0 || g.recoverAfter <= 0 {
+		errs = append(errs, errors.New("-guard.interval, -guard.timeout, -guard.failafter and -guard.recoverafter must be positive"))
+	}
+	var err error
+	if nc.localIP == "" {
+		errs = append(errs, errors.New("-guard needs -localip: the cache's addresses"))
+	} else if cfg.Addresses, err = parseIPList(nc.localIP); err != nil {
+		errs = append(errs, fmt.Errorf("-localip: %w", err))
+	}
+	port, err := parsePort(lookupFlag(fs, "dns.port", "53"))
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-dns.port: %w", err))
+	}
+	cfg.DNSPort = port
+
+	services := g.serviceIPs
+	if services == "" {
+		if ip, err := netip.ParseAddr(getenv("KUBE_DNS_SERVICE_HOST")); err == nil {
+			for _, a := range cfg.Addresses {
+				if a == ip.Unmap() {
+					services = ip.String()
+				}
+			}
+		}
+	}
+	if services != "" {
+		if cfg.ServiceAddresses, err = parseIPList(services); err != nil {
+			errs = append(errs, fmt.Errorf("-guard.serviceips: %w", err))
+		}
+	}
+	upstream, from := g.upstreamIPs, "-guard.upstreamips"
+	if upstream == "" {
+		from = serviceHostVar(nc.upstreamSvc)
+		upstream = getenv(from)
+	}
+	if upstream != "" {
+		if cfg.Upstream, err = parseIPList(upstream); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", from, err))
+		}
+	}
+	return cfg, errors.Join(errs...)
+}
+
+// serviceHostVar is the variable Kubernetes sets to a Service's ClusterIP: KUBE_DNS_UPSTREAM_SERVICE_HOST
+// for kube-dns-upstream.
+func serviceHostVar(service string) string {
+	return strings.ToUpper(strings.ReplaceAll(service, "-", "_")) + "_SERVICE_HOST"
+}
+
+func parseIPList(s string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, f := range strings.Split(s, ",") {
+		ip, err := netip.ParseAddr(strings.TrimSpace(f))
+		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
+			return nil, fmt.Errorf("%q is not a unicast IP address", f)
+		}
+		out = append(out, ip)
+	}
+	return out, nil
+}
+
+// Guard metrics, on a registry of their own: the guard process serves nothing of CoreDNS's.
+func guardMetrics(g *nodelocal.Guard) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "coredns", Subsystem: "nodecache", Name: "guard_failovers_total",
+			Help: "Times the guard failed the node-local DNS cache open.",
+		}, func() float64 { return float64(g.Failovers()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "coredns", Subsystem: "nodecache", Name: "guard_state",
+			Help: "0 while the guard watches the cache, 1 while the node has failed open.",
+		}, func() float64 { return float64(g.State()) }),
+	)
+	return reg
+}
+
+type stdLogger struct{}
+
+func (stdLogger) Infof(f string, a ...any)    { log.Printf("[INFO] "+f, a...) }
+func (stdLogger) Warningf(f string, a ...any) { log.Printf("[WARNING] "+f, a...) }
+func (stdLogger) Errorf(f string, a ...any)   { log.Printf("[ERROR] "+f, a...) }
+
+// runGuard is the -guard mode: it runs a nodelocal.Guard until SIGTERM or SIGINT.
+func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
+	cfg, err := g.guardConfig(fs, nc, os.Getenv)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = stdLogger{}
+	guard, err := nodelocal.NewGuard(cfg)
+	if err != nil {
+		return err
+	}
+	defer guard.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if addr := nc.metricsListenAddress; addr != "" {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("-metrics-listen-address: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(l)
+		defer srv.Close()
+	}
+	// The guard leaves the node as it is when it stops: a failed-open node stays failed open until the
+	// cache takes it back.
+	return guard.Run(ctx)
+}

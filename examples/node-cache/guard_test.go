@@ -1,0 +1,86 @@
+package main
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+)
+
+func parseGuard(t *testing.T, env map[string]string, args ...string) (nodelocal.GuardConfig, error) {
+	t.Helper()
+	fs, nc := newFlagSet()
+	g := registerGuardFlags(fs)
+	registerPreflightFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return g.guardConfig(fs, nc, func(k string) string { return env[k] })
+}
+
+func TestGuardFlags(t *testing.T) {
+	env := map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10", "KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11"}
+	cfg, err := parseGuard(t, env, "-guard", "-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream",
+		"-interfacename", "nlcache", "-dns.port", "5353", "-guard.interval", "100ms", "-guard.failafter", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := nodelocal.GuardConfig{
+		Interface: "nlcache", Backend: "auto", LockPath: nodelocal.DefaultGuardLockPath,
+		Addresses:        []netip.Addr{netip.MustParseAddr("169.254.20.10"), netip.MustParseAddr("10.96.0.10")},
+		DNSPort:          5353,
+		ServiceAddresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Upstream:         []netip.Addr{netip.MustParseAddr("10.96.0.11")},
+		Interval:         100 * time.Millisecond, ProbeTimeout: nodelocal.DefaultGuardProbeTimeout,
+		FailAfter: 4, RecoverAfter: nodelocal.DefaultGuardRecoverAfter, ProbeName: nodelocal.DefaultGuardProbeName,
+	}
+	if cfg.Interface != want.Interface || cfg.Backend != want.Backend || cfg.LockPath != want.LockPath ||
+		!slices.Equal(cfg.Addresses, want.Addresses) || cfg.DNSPort != want.DNSPort ||
+		!slices.Equal(cfg.ServiceAddresses, want.ServiceAddresses) || !slices.Equal(cfg.Upstream, want.Upstream) ||
+		cfg.Interval != want.Interval || cfg.ProbeTimeout != want.ProbeTimeout || cfg.FailAfter != want.FailAfter ||
+		cfg.RecoverAfter != want.RecoverAfter || cfg.ProbeName != want.ProbeName {
+		t.Errorf("got  %+v\nwant %+v", cfg, want)
+	}
+
+	// IPVS: the ClusterIP is not one of the cache's addresses, so nothing is removed; flags beat the
+	// environment.
+	cfg, err = parseGuard(t, env, "-guard", "-localip", "169.254.20.10", "-guard.upstreamips", "10.96.0.12,fd00:10:96::b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.ServiceAddresses) != 0 || len(cfg.Upstream) != 2 || cfg.Upstream[0] != netip.MustParseAddr("10.96.0.12") {
+		t.Errorf("IPVS: %+v", cfg)
+	}
+}
+
+func TestGuardFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-guard"}, "-guard needs -localip"},
+		{[]string{"-guard", "-localip", "169.254.20.10", "-guard.serviceips", "nope"}, "-guard.serviceips"},
+		{[]string{"-guard", "-localip", "169.254.20.10", "-guard.interval", "0s"}, "must be positive"},
+		{[]string{"-guard", "-localip", "169.254.20.10", "-upstreamsvc", "kube-dns-upstream"}, ""},
+	} {
+		_, err := parseGuard(t, map[string]string{"KUBE_DNS_UPSTREAM_SERVICE_HOST": "x"}, tc.args...)
+		if tc.want == "" {
+			if err == nil || !strings.Contains(err.Error(), "KUBE_DNS_UPSTREAM_SERVICE_HOST") {
+				t.Errorf("%v: %v, want the variable named", tc.args, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestServiceHostVar(t *testing.T) {
+	if got := serviceHostVar("kube-dns-upstream"); got != "KUBE_DNS_UPSTREAM_SERVICE_HOST" {
+		t.Error(got)
+	}
+}
