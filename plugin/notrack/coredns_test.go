@@ -373,6 +373,17 @@ func testLifecycle(t *testing.T, mode rules.Mode) {
 	if _, ok := linkAddrs(t, "nl1"); ok {
 		t.Error("the failed reload created nl1")
 	}
+	// And one that fails after notrack started it, in a later plugin: what it added goes again.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	later := e.corefile("169.254.20.10 169.254.20.11 169.254.20.12")
+	later.Contents = bytes.Replace(later.Contents, []byte("health 169.254.20.10:8080"), []byte("health "+taken.Addr().String()), 1)
+	if _, err := inst.Restart(later); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("reload with the health port taken: %v", err)
+	}
 	if after := e.ours(); !slices.Equal(after, before) {
 		t.Errorf("rules changed by failed reloads:\n%s\nwant\n%s", strings.Join(after, "\n"), strings.Join(before, "\n"))
 	}

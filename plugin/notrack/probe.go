@@ -182,6 +182,7 @@ func probeUntilAnswered(ctx context.Context, t probeTarget) error {
 type probeRules struct {
 	mu      sync.Mutex
 	users   int
+	mode    string
 	backend *rules.Backend
 	// families where this process added the rule.
 	installed map[rules.Family]bool
@@ -200,7 +201,7 @@ func (p *probeRules) acquire(ctx context.Context, mode string, addrs []netip.Add
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.users++
-	if p.backend == nil {
+	if p.backend == nil || (p.mode != mode && len(p.installed) == 0) {
 		m, err := rules.ParseMode(mode)
 		if err != nil {
 			return err
@@ -209,7 +210,7 @@ func (p *probeRules) acquire(ctx context.Context, mode string, addrs []netip.Add
 		if err != nil {
 			return fmt.Errorf("select iptables backend for the probe rule: %w", err)
 		}
-		p.backend = b
+		p.backend, p.mode = b, mode
 		p.installed = map[rules.Family]bool{}
 	}
 	var errs []error
