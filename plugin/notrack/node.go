@@ -90,9 +90,10 @@ func (n *node) stopLife() {
 	n.life, n.endLife = nil, nil
 }
 
-// start puts an instance's addresses in place before CoreDNS, health or ready listen on them. Rules follow once the server answers (see probeAndEnable). On the first
-// start it also checks that every listen address is free, since a listener that fails to open ends the
-// process with no shutdown callback to remove the link.
+// start puts an instance's addresses in place before CoreDNS, health or ready listen on them; the rules
+// follow once the server answers (see probeAndEnable). On the first start it also checks that every listen
+// address is free, since a listener that fails to open ends the process with no shutdown callback to
+// remove the link.
 func (n *node) start(in *instance) error {
 	life := n.lifeContext()
 	n.mu.Lock()
@@ -300,6 +301,9 @@ func (n *node) finalShutdown(reason string) error {
 	name := n.settings.Interface
 	if n.settings.SkipTeardown {
 		log.Infof("%s: skip_teardown: leaving the rules and the addresses on %s in place", reason, name)
+		if err := errors.Join(errs...); err != nil {
+			log.Errorf("%s: %v", reason, err)
+		}
 	} else {
 		err := n.rec.Teardown(ctx)
 		if err != nil {
