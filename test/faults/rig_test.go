@@ -1,0 +1,401 @@
+package faults
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
+	"github.com/nodelocaldns/nodelocaldns/test/simnode"
+)
+
+// The node-cache binary is built once per test binary, with every plugin the cache needs compiled in.
+var (
+	buildOnce sync.Once
+	buildDir  string
+	binPath   string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// binary returns the node-cache binary, built on first use. It fails the test when the binary lacks the
+// notrack plugin: every fault here is about the rules and link notrack puts in place.
+func binary(t *testing.T) string {
+	t.Helper()
+	privtest.RequirePrivileged(t, append([]string{"go", "iptables-nft", "iptables-legacy"}, simnode.Tools...)...)
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "nodelocaldns-faults-")
+		if buildErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		binPath, buildErr = simnode.BuildNodeCache(ctx, buildDir)
+		if buildErr != nil {
+			return
+		}
+		out, err := exec.Command(binPath, "-plugins").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("%s -plugins: %w: %s", binPath, err, out)
+		} else if !slices.ContainsFunc(strings.Fields(string(out)), func(f string) bool { return f == "notrack" || f == "dns.notrack" }) {
+			buildErr = fmt.Errorf("node-cache is built without the notrack plugin:\n%s", out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Ports of the metrics listeners, inside the simulated node's namespace.
+const (
+	cacheMetrics = "127.0.0.1:9253"
+	guardMetrics = "127.0.0.1:9254"
+)
+
+// rig is a simulated node with its cluster DNS, its upstream resolver, and a node cache (notrack, sync
+// every second) serving the link-local address and the kube-dns ClusterIP, as in iptables mode.
+type rig struct {
+	t       *testing.T
+	n       *simnode.Node
+	bin     string
+	dir     string
+	backend string
+	conf    string
+	cache   *simnode.Process
+	guard   *simnode.Process
+}
+
+func newRig(t *testing.T, backend string) *rig {
+	t.Helper()
+	bin := binary(t)
+	n := simnode.New(t)
+	n.StartClusterDNS(bin)
+	r := &rig{t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend}
+	r.conf = filepath.Join(r.dir, "Corefile")
+	r.writeCorefile(r.corefile(53))
+	return r
+}
+
+func (r *rig) corefile(port int) string {
+	return fmt.Sprintf(`.:%d {
+    bind %s %s
+    notrack {
+        sync 1s
+        backend %s
+        lock %s
+    }
+    prometheus %s
+    errors
+    cache 30
+    forward . %s:53
+}
+`, port, simnode.LinkLocalIP, simnode.KubeDNSClusterIP, r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, simnode.UpstreamClusterIP)
+}
+
+func (r *rig) writeCorefile(content string) {
+	r.t.Helper()
+	if err := os.WriteFile(r.conf, []byte(content), 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// startCache starts the node cache and waits until its rules are in place.
+func (r *rig) startCache() *simnode.Process {
+	r.t.Helper()
+	p := r.n.Start(r.n.NodeNS, r.bin, "-conf", r.conf)
+	r.cache = p
+	r.waitLog(p, "rules in place for", 1, 20*time.Second)
+	return p
+}
+
+// startGuard starts the guard with its defaults (probes every 250 ms, fail open after 3 failed rounds).
+func (r *rig) startGuard() *simnode.Process {
+	r.t.Helper()
+	p := r.n.Start(r.n.NodeNS, r.bin, "-guard",
+		"-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP,
+		"-guard.serviceips", simnode.KubeDNSClusterIP,
+		"-guard.upstreamips", simnode.UpstreamClusterIP,
+		"-guard.backend", r.backend,
+		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"),
+		"-metrics-listen-address", guardMetrics)
+	r.guard = p
+	r.waitLog(p, "nodelocal guard: watching", 1, 10*time.Second)
+	return p
+}
+
+// waitLog waits until p's output holds s at least n times.
+func (r *rig) waitLog(p *simnode.Process, s string, n int, timeout time.Duration) {
+	r.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for strings.Count(p.Output(), s) < n {
+		if p.Exited() {
+			r.t.Fatalf("process exited before logging %q: %v\n%s", s, p.Wait(0), p.Output())
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no %q (%d times) within %v:\n%s", s, n, timeout, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond every 20 ms and returns how long it took, failing the test after timeout.
+func (r *rig) waitFor(what string, timeout time.Duration, cond func() bool) time.Duration {
+	r.t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			r.t.Fatalf("not within %v: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// ipt runs the rig's iptables in the node namespace.
+func (r *rig) ipt(args ...string) (string, error) {
+	return r.n.In(context.Background(), r.n.NodeNS, "iptables-"+r.backend, append([]string{"-w", "5"}, args...)...)
+}
+
+func (r *rig) mustIpt(args ...string) string {
+	r.t.Helper()
+	out, err := r.ipt(args...)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// jumps reports whether the cache's jump is the first rule of raw PREROUTING and OUTPUT and of filter
+// INPUT and OUTPUT.
+func (r *rig) jumps() bool {
+	for _, hook := range [][2]string{{"raw", "PREROUTING"}, {"raw", "OUTPUT"}, {"filter", "INPUT"}, {"filter", "OUTPUT"}} {
+		out, err := r.ipt("-t", hook[0], "-S", hook[1], "1")
+		if err != nil || !strings.Contains(out, "-j NODELOCALDNS") {
+			return false
+		}
+	}
+	return true
+}
+
+// anyJump reports whether any hook still jumps to the cache's chains.
+func (r *rig) anyJump() bool {
+	for _, table := range []string{"raw", "filter"} {
+		out, _ := r.ipt("-t", table, "-S")
+		if strings.Contains(out, "-j NODELOCALDNS") {
+			return true
+		}
+	}
+	return false
+}
+
+// chainRules counts the rules of our chain in table, -1 when it does not exist.
+func (r *rig) chainRules(table, chain string) int {
+	out, err := r.ipt("-t", table, "-S", chain)
+	if err != nil {
+		return -1
+	}
+	return strings.Count(out, "-A "+chain+" ")
+}
+
+// linkAddrs returns the addresses on the cache's link, nil when it does not exist.
+func (r *rig) linkAddrs() []string {
+	out, err := r.n.In(context.Background(), r.n.NodeNS, "ip", "-o", "addr", "show", "dev", "nodelocaldns")
+	if err != nil {
+		return nil
+	}
+	var addrs []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		for i := range f {
+			if (f[i] == "inet" || f[i] == "inet6") && i+1 < len(f) {
+				addrs = append(addrs, strings.Split(f[i+1], "/")[0])
+			}
+		}
+	}
+	if addrs == nil {
+		addrs = []string{}
+	}
+	return addrs
+}
+
+func has(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// scrape reads one metric's value from a Prometheus endpoint in the node namespace; labels, when given,
+// must appear in the series.
+func (r *rig) scrape(addr, name, labels string) (float64, error) {
+	var c net.Conn
+	err := r.n.Do(r.n.NodeNS, func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, 2*time.Second)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr)
+	body, err := io.ReadAll(c)
+	if err != nil {
+		return 0, err
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || !strings.Contains(line, labels) {
+			continue
+		}
+		rest := strings.TrimPrefix(line, name)
+		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		f := strings.Fields(line)
+		return strconv.ParseFloat(f[len(f)-1], 64)
+	}
+	return 0, fmt.Errorf("no metric %s%s at %s", name, labels, addr)
+}
+
+func (r *rig) mustScrape(addr, name, labels string) float64 {
+	r.t.Helper()
+	v, err := r.scrape(addr, name, labels)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return v
+}
+
+// queryOnce asks server for kubernetes.default.svc.cluster.local over a fresh UDP socket, as a stub
+// resolver does. It must run on a thread inside the namespace to query from.
+func queryOnce(server string, timeout time.Duration) error {
+	c, err := net.DialTimeout("udp", server, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	co := &dns.Conn{Conn: c}
+	m := new(dns.Msg)
+	m.SetQuestion("kubernetes.default.svc.cluster.local.", dns.TypeA)
+	if err := co.WriteMsg(m); err != nil {
+		return err
+	}
+	resp, err := co.ReadMsg()
+	if err != nil {
+		return err
+	}
+	if resp.Id != m.Id || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+		return fmt.Errorf("unexpected answer: %v", resp)
+	}
+	return nil
+}
+
+// sample is one lookup of a load loop.
+type sample struct {
+	start, end time.Time
+	err        error
+}
+
+// podLoop queries server from the Pod namespace every interval (each query waits for its answer, at most
+// timeout) until stop says so, at most max queries or until limit has passed.
+func (r *rig) podLoop(server string, interval, timeout time.Duration, max int, limit time.Duration, stop func([]sample) bool) []sample {
+	var samples []sample
+	err := r.n.Do(r.n.PodNS, func() error {
+		deadline := time.Now().Add(limit)
+		next := time.Now()
+		for len(samples) < max && time.Now().Before(deadline) && !stop(samples) {
+			if d := time.Until(next); d > 0 {
+				time.Sleep(d)
+			}
+			next = next.Add(interval)
+			s := sample{start: time.Now()}
+			s.err = queryOnce(server, timeout)
+			s.end = time.Now()
+			samples = append(samples, s)
+		}
+		return nil
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return samples
+}
+
+// hammer runs workers goroutines in the Pod namespace, each sending queries back to back (waiting for
+// each answer) until d has passed or max queries were sent in all, and returns the counts.
+func (r *rig) hammer(server string, workers int, d time.Duration, max int64) (ok, failed int64) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	perWorker := max / int64(workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o, f int64
+			err := r.n.Do(r.n.PodNS, func() error {
+				for i := int64(0); i < perWorker && time.Now().Before(deadline); i++ {
+					if err := queryOnce(server, time.Second); err != nil {
+						f++
+					} else {
+						o++
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				r.t.Error(err)
+			}
+			mu.Lock()
+			ok, failed = ok+o, failed+f
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return ok, failed
+}
+
+// podQuery asks server once from the Pod namespace.
+func (r *rig) podQuery(server string) error {
+	return r.n.Do(r.n.PodNS, func() error { return queryOnce(server, time.Second) })
+}
+
+func kill(t *testing.T, p *simnode.Process, sig syscall.Signal) {
+	t.Helper()
+	if err := p.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var (
+	kubeDNS   = net.JoinHostPort(simnode.KubeDNSClusterIP, "53")
+	linkLocal = net.JoinHostPort(simnode.LinkLocalIP, "53")
+)
