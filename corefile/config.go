@@ -139,6 +139,9 @@ type Notrack struct {
 	NoRules bool
 	// SkipTeardown keeps the link and the rules at exit, so a restart has no gap.
 	SkipTeardown bool
+	// Lock is the node-lock file that keeps a second cache off the node; empty means the plugin's default
+	// (/run/nodelocaldns.lock).
+	Lock string
 }
 
 // withDefaults returns c with every zero field set to its default.
@@ -276,6 +279,9 @@ func (c Config) Validate() error {
 	}
 	if c.Notrack.Sync < 0 {
 		errs = append(errs, fmt.Errorf("notrack sync interval is negative: %v", c.Notrack.Sync))
+	}
+	if strings.ContainsAny(c.Notrack.Lock, " \t\n\"'{}#`") {
+		errs = append(errs, fmt.Errorf("notrack lock file %q: a Corefile token cannot hold blanks, quotes, braces or #", c.Notrack.Lock))
 	}
 	return errors.Join(errs...)
 }

@@ -340,6 +340,9 @@ func notrackDirective(n Notrack, ports []uint16, line int) *Directive {
 	if n.SkipTeardown {
 		opt("skip_teardown")
 	}
+	if n.Lock != "" {
+		opt("lock", n.Lock)
+	}
 	return d
 }
 

@@ -52,22 +52,38 @@ func TestUpstreamManifestOnSimulatedNode(t *testing.T) {
 	dir := t.TempDir()
 	base, conf := filepath.Join(dir, "Corefile.base"), filepath.Join(dir, "Corefile")
 	writeFile(t, base, []byte(applied))
-	// What the kubelet puts in every Pod's environment for the kube-dns-upstream Service.
-	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_HOST", simnode.UpstreamClusterIP)
-	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_PORT", "53")
-
-	cache := n.Start(n.NodeNS, binary, "-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP, "-conf", conf,
-		"-upstreamsvc", "kube-dns-upstream", "-pidfile", filepath.Join(dir, "node-cache.pid"), "-basecorefile", base)
+	// What the kubelet puts in every Pod's environment for the kube-dns-upstream Service, and an xtables
+	// lock of this test's own so that tests running beside it never wait for each other.
+	env := append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+simnode.UpstreamClusterIP, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53",
+		"XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
+	cache := n.StartEnv(n.NodeNS, env, binary, "-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP, "-conf", conf,
+		"-upstreamsvc", "kube-dns-upstream", "-pidfile", filepath.Join(dir, "node-cache.pid"), "-basecorefile", base,
+		"-lockfile", filepath.Join(dir, "nodelocaldns.lock"))
 	t.Cleanup(func() {
 		if !cache.Exited() {
 			_ = cache.Signal(syscall.SIGTERM)
 			_ = cache.Wait(10 * time.Second)
 		}
 	})
-	kubeDNS := net.JoinHostPort(simnode.KubeDNSClusterIP, "53")
-	if err := n.WaitForDNS(n.PodNS, "udp", kubeDNS, "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
-		t.Fatalf("%v\n%s", err, cache.Output())
+	// kube-proxy's DNAT answers 10.96.0.10 before the cache exists, so an answer proves nothing: the rules
+	// are in place once notrack says so, and only then do Pod lookups stop at the node.
+	rulesInPlace := func() bool {
+		for _, line := range strings.Split(cache.Output(), "\n") {
+			if strings.Contains(line, "plugin/notrack: rules in place for") &&
+				strings.Contains(line, simnode.LinkLocalIP+":53") && strings.Contains(line, simnode.KubeDNSClusterIP+":53") {
+				return true
+			}
+		}
+		return false
 	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !rulesInPlace() {
+		if cache.Exited() || time.Now().After(deadline) {
+			t.Fatalf("notrack did not report rules in place for both addresses:\n%s", cache.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	kubeDNS := net.JoinHostPort(simnode.KubeDNSClusterIP, "53")
 
 	for _, q := range []struct{ ns, network, server, name, want string }{
 		{n.PodNS, "udp", kubeDNS, "kubernetes.default.svc.cluster.local", "10.96.0.1"},

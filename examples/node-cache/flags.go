@@ -38,6 +38,7 @@ type nodeCacheFlags struct {
 	setupInterface          bool
 	setupIptables           bool
 	skipTeardown            bool
+	lockFile                string
 	interfaceName           string
 	syncInterval            syncInterval
 	healthPort              string
@@ -58,6 +59,7 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.BoolVar(&f.setupInterface, "setupinterface", true, "put the local IPs on a node-local interface (notrack; false adds no_interface)")
 	fs.BoolVar(&f.setupIptables, "setupiptables", true, "install the NOTRACK rules (notrack; false adds no_rules)")
 	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
+	fs.StringVar(&f.lockFile, "lockfile", "", "node-lock file that keeps a second cache off the node (notrack lock); not an upstream flag; default /run/nodelocaldns.lock")
 	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
 	fs.Var(&f.syncInterval, "syncinterval", `how often the rules and interface are checked (notrack sync), "60" or "60s"`)
 	fs.StringVar(&f.healthPort, "health-port", defaultHealthPort, "port of the health plugin, exempted from connection tracking (notrack ports)")
@@ -155,6 +157,7 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 		NoInterface:  !f.setupInterface,
 		NoRules:      !f.setupIptables,
 		SkipTeardown: f.skipTeardown,
+		Lock:         f.lockFile,
 	}
 	if set["syncinterval"] {
 		notrack.Sync = time.Duration(f.syncInterval)

@@ -179,10 +179,11 @@ func TestFlagsMatchTypedConfig(t *testing.T) {
 				HealthPort: 9080, ReadyPort: 9181, MetricsAddress: "10.0.0.7:9253",
 				Upstream: corefile.Upstream{Service: "coredns-upstream"},
 				Notrack: corefile.Notrack{Interface: "nlcache0", Sync: 30 * time.Second, NoInterface: true, NoRules: true,
-					SkipTeardown: true}},
+					SkipTeardown: true, Lock: "/run/nodelocaldns/lock"}},
 			args: []string{"-localip", "169.254.25.10,10.32.0.10", "-upstreamsvc", "coredns-upstream", "-dns.port", "5353",
 				"-health-port", "9080", "-prometheus-listen-address", "10.0.0.7:9253", "-interfacename", "nlcache0",
-				"-syncinterval", "30", "-setupinterface=false", "-setupiptables=false", "-skipteardown"},
+				"-syncinterval", "30", "-setupinterface=false", "-setupiptables=false", "-skipteardown",
+				"-lockfile", "/run/nodelocaldns/lock"},
 		},
 	}
 	for _, tt := range tests {
