@@ -51,8 +51,10 @@ type GuardConfig struct {
 	// kube-dns ClusterIP): failing open removes them from the link, and kube-proxy's DNAT takes over.
 	ServiceAddresses []netip.Addr
 	// Upstream holds the kube-dns-upstream Service's ClusterIP, one per family. Failing open diverts the
-	// other addresses (the link-local one, which nothing else serves) to it with a DNAT. Every family of
-	// the other addresses needs one.
+	// other addresses (the link-local one, which nothing else serves) to it with a DNAT. That DNAT reaches
+	// the cluster DNS where the ClusterIP is local to the node (kube-proxy's IPVS mode, kube-ipvs0); in
+	// iptables mode, where Pods ask the kube-dns ClusterIP, nothing needs it. An address whose family has
+	// no upstream is not diverted (NewGuard logs a warning).
 	Upstream []netip.Addr
 
 	// Interval is the time between probe rounds; ProbeTimeout bounds each probe.
@@ -119,40 +121,45 @@ func (c GuardConfig) withDefaults() GuardConfig {
 }
 
 // diverts checks the addresses and pairs each one that is not a Service address with the upstream of its
-// family.
-func (c GuardConfig) diverts() ([]rules.Divert, error) {
+// family; it also returns those that have no upstream of their family.
+func (c GuardConfig) diverts() (ds []rules.Divert, undiverted []netip.Addr, err error) {
 	if len(c.Addresses) == 0 {
-		return nil, errors.New("the guard needs the cache's addresses")
+		return nil, nil, errors.New("the guard needs the cache's addresses")
 	}
 	if err := link.ValidName(c.Interface); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := rules.ParseMode(c.Backend); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if c.Interval < 0 || c.ProbeTimeout < 0 || c.Recheck < 0 || c.FailAfter < 0 || c.RecoverAfter < 0 || c.LockWait < 0 {
-		return nil, errors.New("negative interval, timeout or count")
+		return nil, nil, errors.New("negative interval, timeout or count")
 	}
 	for _, s := range c.ServiceAddresses {
 		if !slices.Contains(c.Addresses, s.Unmap()) {
-			return nil, fmt.Errorf("service address %s is not one of the cache's addresses %v", s, c.Addresses)
+			return nil, nil, fmt.Errorf("service address %s is not one of the cache's addresses %v", s, c.Addresses)
 		}
 	}
-	var ds []rules.Divert
 	for _, a := range c.Addresses {
 		if !a.IsValid() || a.IsUnspecified() {
-			return nil, fmt.Errorf("address %q cannot be a local DNS address", a)
+			return nil, nil, fmt.Errorf("address %q cannot be a local DNS address", a)
 		}
 		if slices.Contains(c.ServiceAddresses, a) {
 			continue
 		}
 		i := slices.IndexFunc(c.Upstream, func(u netip.Addr) bool { return rules.FamilyOf(u) == rules.FamilyOf(a) })
 		if i < 0 {
-			return nil, fmt.Errorf("no kube-dns-upstream address of %s's family to divert it to while failed open (give one, or list %s as a Service address)", a, a)
+			undiverted = append(undiverted, a)
+			continue
 		}
 		ds = append(ds, rules.Divert{From: a, To: c.Upstream[i].Unmap(), Port: c.DNSPort})
 	}
-	return ds, nil
+	for _, u := range c.Upstream {
+		if !u.IsValid() || u.IsUnspecified() || slices.Contains(c.Addresses, u.Unmap()) {
+			return nil, nil, fmt.Errorf("upstream %q cannot be the kube-dns-upstream ClusterIP", u)
+		}
+	}
+	return ds, undiverted, nil
 }
 
 // GuardState is what a Guard is doing.
@@ -213,9 +220,13 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 	cfg = cfg.withDefaults()
 	cfg.Addresses = unmapAll(cfg.Addresses)
 	cfg.ServiceAddresses = unmapAll(cfg.ServiceAddresses)
-	ds, err := cfg.diverts()
+	ds, undiverted, err := cfg.diverts()
 	if err != nil {
 		return nil, configError("check guard configuration", err)
+	}
+	if len(undiverted) > 0 {
+		cfg.Logger.Warningf("nodelocal guard: no kube-dns-upstream address of the family of %v: failing open leaves them undiverted, "+
+			"so Pods that ask them get no answer until the cache is back (Pods that ask the kube-dns ClusterIP are served)", undiverted)
 	}
 	m, err := link.New(link.Options{Name: cfg.Interface})
 	if err != nil {

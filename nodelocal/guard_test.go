@@ -251,8 +251,7 @@ func TestGuardConfigErrors(t *testing.T) {
 		want string
 	}{
 		{"no addresses", GuardConfig{}, "needs the cache's addresses"},
-		{"no upstream", GuardConfig{Addresses: []netip.Addr{addrA}}, "no kube-dns-upstream address"},
-		{"no IPv6 upstream", GuardConfig{Addresses: []netip.Addr{addrA, ll6}, Upstream: []netip.Addr{guardUpstreamIP}}, "fd00:169:254::10's family"},
+		{"upstream is local", GuardConfig{Addresses: []netip.Addr{addrA, ll6}, Upstream: []netip.Addr{ll6}}, "cannot be the kube-dns-upstream ClusterIP"},
 		{"foreign service address", GuardConfig{Addresses: []netip.Addr{addrA}, ServiceAddresses: []netip.Addr{guardClusterIP}, Upstream: []netip.Addr{guardUpstreamIP}}, "not one of the cache's addresses"},
 		{"bad backend", GuardConfig{Addresses: []netip.Addr{guardClusterIP}, ServiceAddresses: []netip.Addr{guardClusterIP}, Backend: "ipvs"}, "unknown iptables backend"},
 	}
@@ -262,6 +261,23 @@ func TestGuardConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || KindOf(err) != KindConfig {
 			t.Errorf("%s: %v, want a config error saying %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+func TestGuardWithoutUpstreamWarns(t *testing.T) {
+	log := &recLog{t: t}
+	g, err := NewGuard(GuardConfig{
+		LockPath:  filepath.Join(t.TempDir(), "guard.lock"),
+		Addresses: []netip.Addr{addrA, netip.MustParseAddr("fd00:169:254::10")},
+		Upstream:  []netip.Addr{guardUpstreamIP},
+		Logger:    log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if len(g.diverts) != 1 || g.diverts[0].From != addrA || log.count("[fd00:169:254::10]") != 1 {
+		t.Errorf("diverts %v; want 169.254.20.10 only, and a warning naming fd00:169:254::10", g.diverts)
 	}
 }
 
