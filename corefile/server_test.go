@@ -70,7 +70,14 @@ func startCoreDNS(t testing.TB, corefile []byte) *caddy.Instance {
 	if err != nil {
 		t.Fatalf("starting CoreDNS: %v\n%s", err, corefile)
 	}
-	t.Cleanup(func() { inst.Stop() })
+	// Shutdown callbacks first, as at a real exit: plugins with process-wide state (notrack's node
+	// reconciler, upstreamsvc's watch) release it, so the next Corefile starts afresh.
+	t.Cleanup(func() {
+		for _, err := range inst.ShutdownCallbacks() {
+			t.Errorf("shutdown: %v", err)
+		}
+		inst.Stop()
+	})
 	return inst
 }
 

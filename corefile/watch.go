@@ -22,8 +22,8 @@ const DefaultSyncPeriod = 10 * time.Second
 
 // DropIn keeps the Corefile CoreDNS runs in step with a base Corefile (the node-local-dns ConfigMap) and
 // the kube-dns ConfigMap, both mounted as files, the way node-cache does. A change that cannot be turned
-// into a Corefile is kept out: the last good Corefile stays, the reason is logged and counted in
-// SetupErrors as a "configmap" error.
+// into a Corefile is kept out: the last good Corefile stays, the reason is logged and handed to Rejected
+// (node-cache counts it as a "configmap" setup error).
 type DropIn struct {
 	// Base is the base Corefile's path (-basecorefile).
 	Base string
@@ -40,6 +40,8 @@ type DropIn struct {
 	Check CheckOptions
 	// Reload makes CoreDNS load a Corefile written after the first; nil leaves it to the reload plugin.
 	Reload func() error
+	// Rejected, when set, is told of every input kept out, once per distinct input.
+	Rejected func(error)
 
 	mu        sync.Mutex // serialises Sync and guards the fields below
 	lastInput [sha256.Size]byte
@@ -59,7 +61,6 @@ func (d *DropIn) Written() []byte {
 func (d *DropIn) Sync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	SetupErrors.WithLabelValues(ConfigMapError).Add(0)
 	base, baseErr := os.ReadFile(d.Base)
 	kd, kdErr := KubeDNS{}, error(nil)
 	if d.KubeDNSDir != "" {
@@ -140,7 +141,9 @@ func (d *DropIn) knownDirectives(corefile []byte) error {
 
 func (d *DropIn) fail(err error) error {
 	log.Errorf("%v", err)
-	SetupErrors.WithLabelValues(ConfigMapError).Inc()
+	if d.Rejected != nil {
+		d.Rejected(err)
+	}
 	return err
 }
 

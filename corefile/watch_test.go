@@ -9,14 +9,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
 )
 
 type dropInFixture struct {
-	d       *DropIn
-	kdDir   string
-	reloads atomic.Int32
+	d        *DropIn
+	kdDir    string
+	reloads  atomic.Int32
+	rejected atomic.Int32
 }
 
 func newDropInFixture(t *testing.T) *dropInFixture {
@@ -35,6 +34,7 @@ func newDropInFixture(t *testing.T) *dropInFixture {
 		Output:     filepath.Join(dir, "Corefile"),
 		Expansion:  upstreamFlags(),
 		Reload:     func() error { fx.reloads.Add(1); return nil },
+		Rejected:   func(error) { fx.rejected.Add(1) },
 	}
 	return fx
 }
@@ -48,13 +48,8 @@ func (fx *dropInFixture) output(t *testing.T) string {
 	return string(b)
 }
 
-func configMapErrors() float64 {
-	var m dto.Metric
-	if err := SetupErrors.WithLabelValues(ConfigMapError).Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
-}
+// configMapErrors is how many inputs the fixture's DropIn kept out so far.
+func (fx *dropInFixture) configMapErrors() int32 { return fx.rejected.Load() }
 
 func TestDropInSync(t *testing.T) {
 	fx := newDropInFixture(t)
@@ -89,7 +84,7 @@ func TestDropInSync(t *testing.T) {
 	}
 
 	// A bad change: kept out, logged, counted.
-	before := configMapErrors()
+	before := fx.configMapErrors()
 	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["1.1.1.1", "1.0.0.1", "8.8.8.8", "8.8.4.4"]`)
 	err := fx.d.Sync()
 	if err == nil || !strings.Contains(err.Error(), "at most 3") || !strings.Contains(err.Error(), "kept out") {
@@ -98,14 +93,14 @@ func TestDropInSync(t *testing.T) {
 	if fx.output(t) != good || fx.reloads.Load() != 1 {
 		t.Error("a bad ConfigMap changed the Corefile")
 	}
-	if got := configMapErrors() - before; got != 1 {
+	if got := fx.configMapErrors() - before; got != 1 {
 		t.Errorf("configmap errors went up by %v, want 1", got)
 	}
 	// The same bad input again is not counted twice.
 	if err := fx.d.Sync(); err != nil {
 		t.Errorf("unchanged bad input: %v", err)
 	}
-	if got := configMapErrors() - before; got != 1 {
+	if got := fx.configMapErrors() - before; got != 1 {
 		t.Errorf("configmap errors went up by %v, want 1", got)
 	}
 
@@ -118,7 +113,7 @@ func TestDropInSync(t *testing.T) {
 	if fx.output(t) != good {
 		t.Error("a bad base Corefile changed the Corefile")
 	}
-	if got := configMapErrors() - before; got != 2 {
+	if got := fx.configMapErrors() - before; got != 2 {
 		t.Errorf("configmap errors went up by %v, want 2", got)
 	}
 }
@@ -126,7 +121,7 @@ func TestDropInSync(t *testing.T) {
 func TestDropInStartsWithoutBadConfigMap(t *testing.T) {
 	fx := newDropInFixture(t)
 	writeFile(t, filepath.Join(fx.kdDir, StubDomainsKey), `{"acme.local": ["ns.acme.local"]}`)
-	before := configMapErrors()
+	before := fx.configMapErrors()
 	err := fx.d.Sync()
 	if err == nil || !strings.Contains(err.Error(), "starting without the kube-dns ConfigMap") {
 		t.Errorf("got %v", err)
@@ -134,7 +129,7 @@ func TestDropInStartsWithoutBadConfigMap(t *testing.T) {
 	if fx.output(t) != string(readTestdata(t, "upstream-template.golden")) {
 		t.Errorf("want the Corefile without the ConfigMap, got:\n%s", fx.output(t))
 	}
-	if configMapErrors()-before != 1 {
+	if fx.configMapErrors()-before != 1 {
 		t.Error("not counted")
 	}
 	// Fixed: applied.
@@ -153,14 +148,14 @@ func TestDropInBaseRemoved(t *testing.T) {
 	if err := os.Remove(fx.d.Base); err != nil {
 		t.Fatal(err)
 	}
-	before := configMapErrors()
+	before := fx.configMapErrors()
 	for range 3 {
 		if err := fx.d.Sync(); err != nil && !strings.Contains(err.Error(), "reading the base Corefile") {
 			t.Fatal(err)
 		}
 	}
-	if configMapErrors()-before != 1 || fx.output(t) != good {
-		t.Errorf("a removed base: counted %v times, Corefile kept %v", configMapErrors()-before, fx.output(t) == good)
+	if fx.configMapErrors()-before != 1 || fx.output(t) != good {
+		t.Errorf("a removed base: counted %v times, Corefile kept %v", fx.configMapErrors()-before, fx.output(t) == good)
 	}
 }
 
@@ -204,10 +199,10 @@ func TestDropInWatch(t *testing.T) {
 		t.Errorf("upstream not applied:\n%s", fx.output(t))
 	}
 
-	before := configMapErrors()
+	before := fx.configMapErrors()
 	good := fx.output(t)
 	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8:53:53"]`)
-	waitFor(t, func() bool { return configMapErrors() > before })
+	waitFor(t, func() bool { return fx.configMapErrors() > before })
 	if fx.output(t) != good || fx.reloads.Load() != 1 {
 		t.Error("a bad change reached the Corefile")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 )
 
 // nodeCache holds upstream node-cache's flags, defined on the command line next to CoreDNS's.
@@ -36,6 +37,7 @@ func startDropIn(directives []string) error {
 // runDropIn writes the first Corefile, starts the watch and, when asked, node-cache's metrics listener.
 func runDropIn(ctx context.Context, d *corefile.DropIn, directives []string, metricsAddr string, period time.Duration) error {
 	d.Directives = directives
+	d.Rejected = func(error) { notrack.SetupErrors.WithLabelValues(notrack.ConfigMapError).Inc() }
 	if resolv, err := os.ReadFile(corefile.ResolvConf); err == nil {
 		d.Check.ResolvConf = resolv // what `forward . /etc/resolv.conf` will read
 	}

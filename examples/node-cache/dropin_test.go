@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 )
 
 func freeLoopbackAddr(t *testing.T) string {
@@ -56,6 +59,22 @@ func TestRunDropIn(t *testing.T) {
 
 	writeKubeDNSDir(t, kubeDNS, corefile.KubeDNS{StubDomains: map[string][]string{"acme.local": {"10.0.0.53"}}})
 	waitUntil(t, func() bool { b, _ := os.ReadFile(out); return strings.Contains(string(b), "acme.local:53 {") })
+
+	// A bad update (kube-dns allows at most 3 upstreams) is kept out and counted as a configmap error.
+	configMapErrors := func() float64 {
+		m := &dto.Metric{}
+		if err := notrack.SetupErrors.WithLabelValues(notrack.ConfigMapError).Write(m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	before := configMapErrors()
+	good, _ := os.ReadFile(out)
+	writeKubeDNSDir(t, kubeDNS, corefile.KubeDNS{UpstreamNameservers: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}})
+	waitUntil(t, func() bool { return configMapErrors() > before })
+	if now, _ := os.ReadFile(out); string(now) != string(good) {
+		t.Errorf("a bad kube-dns ConfigMap changed the Corefile:\n%s", now)
+	}
 
 	resp, err := http.Get("http://" + metrics + "/metrics")
 	if err != nil {

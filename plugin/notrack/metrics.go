@@ -8,18 +8,27 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 // subsystem is upstream node-cache's metrics subsystem, so that its dashboards keep working.
 const subsystem = "nodecache"
 
-// Variables declared for monitoring. The node-wide setup error counter,
-// coredns_nodecache_setup_errors_total{errortype}, is corefile.SetupErrors: it counts the configmap type
-// there, and the iptables, iptables_lock, interface_add and interface_check types (plus node_lock and
-// config, which upstream does not have) here.
+// ConfigMapError is the SetupErrors type of a base Corefile or kube-dns ConfigMap that could not be turned
+// into a Corefile; node-cache's drop-in mode counts it.
+const ConfigMapError = "configmap"
+
+// Variables declared for monitoring.
 var (
+	// SetupErrors is upstream node-cache's coredns_nodecache_setup_errors_total{errortype}. notrack counts
+	// the iptables, iptables_lock, interface_add and interface_check types (plus node_lock and config, which
+	// upstream does not have); node-cache's drop-in mode counts ConfigMapError.
+	SetupErrors = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "setup_errors_total",
+		Help:      "Counter of node-cache setup errors, by type.",
+	}, []string{"errortype"})
 	rulesInPlace = promauto.NewGauge(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
@@ -44,8 +53,9 @@ var (
 func init() {
 	// Export the types upstream node-cache exports at zero before anything fails.
 	for _, k := range []nodelocal.Kind{nodelocal.KindIPTables, nodelocal.KindIPTablesLock, nodelocal.KindInterfaceAdd, nodelocal.KindInterfaceCheck} {
-		corefile.SetupErrors.WithLabelValues(string(k))
+		SetupErrors.WithLabelValues(string(k))
 	}
+	SetupErrors.WithLabelValues(ConfigMapError)
 }
 
 // countSetupError counts each kind of nodelocal error in err once. Errors of a shutdown in progress are
@@ -55,6 +65,6 @@ func countSetupError(err error) {
 		return
 	}
 	for _, k := range nodelocal.Kinds(err) {
-		corefile.SetupErrors.WithLabelValues(string(k)).Inc()
+		SetupErrors.WithLabelValues(string(k)).Inc()
 	}
 }

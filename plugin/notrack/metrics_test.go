@@ -8,14 +8,13 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 func TestCountSetupError(t *testing.T) {
 	count := func(kind nodelocal.Kind) float64 {
 		m := &dto.Metric{}
-		if err := corefile.SetupErrors.WithLabelValues(string(kind)).Write(m); err != nil {
+		if err := SetupErrors.WithLabelValues(string(kind)).Write(m); err != nil {
 			t.Fatal(err)
 		}
 		return m.GetCounter().GetValue()

@@ -14,7 +14,6 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/plugin/pkg/reuseport"
 
-	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 )
@@ -467,7 +466,7 @@ func (n *node) probeAndEnable(in *instance) {
 		if in.ctx.Err() != nil {
 			return
 		}
-		corefile.SetupErrors.WithLabelValues(string(nodelocal.KindIPTables)).Inc()
+		SetupErrors.WithLabelValues(string(nodelocal.KindIPTables)).Inc()
 		log.Warningf("could not exempt probes from connection tracking; addresses that kube-proxy DNATs will not answer them: %v", err)
 	}
 	err := probeAll(in.ctx, targets)
