@@ -124,6 +124,71 @@ func roundAll(ds []time.Duration) []time.Duration {
 	return out
 }
 
+// TestGuardDivertsTheLinkLocalAddress is IPVS mode: Pods ask the link-local address (kubelet's clusterDNS),
+// which no kube-proxy rule serves, and kube-ipvs0 holds the kube-dns-upstream ClusterIP. A CoreDNS bound
+// to that ClusterIP in the node namespace stands in for IPVS's virtual server. When the cache is
+// SIGKILLed the guard DNATs the link-local address to the ClusterIP, and Pods keep resolving.
+func TestGuardDivertsTheLinkLocalAddress(t *testing.T) {
+	r := newRig(t, "nft")
+	r.listen = []string{simnode.LinkLocalIP}
+	r.writeCorefile(r.corefile(53))
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"link", "add", "kube-ipvs0", "type", "bridge"},
+		{"addr", "add", simnode.UpstreamClusterIP + "/32", "dev", "kube-ipvs0"},
+	} {
+		if _, err := r.n.In(ctx, r.n.NodeNS, "ip", args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	virtual := filepath.Join(r.dir, "Corefile.ipvs")
+	if err := os.WriteFile(virtual, []byte(".:53 {\n    bind "+simnode.UpstreamClusterIP+"\n    log\n    forward . "+simnode.ClusterDNSPodIP+":53\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ipvs := r.n.Start(r.n.NodeNS, r.bin, "-conf", virtual)
+	if err := r.n.WaitForDNS(r.n.NodeNS, "udp", net.JoinHostPort(simnode.UpstreamClusterIP, "53"), "kubernetes.default.svc.cluster.local", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.startCache()
+	r.startGuard()
+	cache := r.cache
+	killAt := time.Now().Add(time.Second)
+	killed := false
+	samples := r.podLoop(linkLocal, 100*time.Millisecond, 500*time.Millisecond, 200, 15*time.Second, func(s []sample) bool {
+		if !killed && time.Now().After(killAt) {
+			kill(t, cache, syscall.SIGKILL)
+			killed = true
+		}
+		return killed && recoveredAfterFailure(s)
+	})
+	span, failed := failureSpan(samples)
+	if !recoveredAfterFailure(samples) {
+		t.Fatalf("lookups to the link-local address did not recover (%d of %d failed)\nguard:\n%s", failed, len(samples), r.guard.Output())
+	}
+	t.Logf("link-local address: %d lookups failed over %v after SIGKILL", failed, span.Round(time.Millisecond))
+	if span > 2*time.Second {
+		t.Errorf("fail-open time %v exceeds the 2 s target", span)
+	}
+	if n := simnode.CountQueries(ipvs.Output(), "kubernetes.default.svc.cluster.local", "udp"); n < 20 {
+		t.Errorf("the kube-dns-upstream stand-in answered %d diverted lookups, want at least 20", n)
+	}
+	// The restarted cache takes the link-local address back from the divert.
+	r.startCache()
+	r.waitFor("guard watches again", 10*time.Second, func() bool {
+		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
+		return err == nil && v == 0
+	})
+	before := simnode.CountQueries(ipvs.Output(), "kubernetes.default.svc.cluster.local", "udp")
+	for range 5 {
+		if err := r.podQuery(linkLocal); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := simnode.CountQueries(ipvs.Output(), "kubernetes.default.svc.cluster.local", "udp"); after != before {
+		t.Errorf("lookups still diverted after the cache came back (%d more)", after-before)
+	}
+}
+
 // TestGuardDoesNotFlapUnderLoad: 60 s (FAULTS_LOAD_DURATION) of four Pod clients asking the cache back to
 // back, with the guard probing every 250 ms: no failover.
 func TestGuardDoesNotFlapUnderLoad(t *testing.T) {

@@ -85,6 +85,9 @@ type rig struct {
 	conf    string
 	cache   *simnode.Process
 	guard   *simnode.Process
+	// listen are the cache's addresses: the link-local one and the kube-dns ClusterIP (iptables mode),
+	// or the link-local one only (IPVS mode).
+	listen []string
 }
 
 func newRig(t *testing.T, backend string) *rig {
@@ -92,7 +95,7 @@ func newRig(t *testing.T, backend string) *rig {
 	bin := binary(t)
 	n := simnode.New(t)
 	n.StartClusterDNS(bin)
-	r := &rig{t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend}
+	r := &rig{t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
 	r.conf = filepath.Join(r.dir, "Corefile")
 	r.writeCorefile(r.corefile(53))
 	return r
@@ -100,7 +103,7 @@ func newRig(t *testing.T, backend string) *rig {
 
 func (r *rig) corefile(port int) string {
 	return fmt.Sprintf(`.:%d {
-    bind %s %s
+    bind %s
     notrack {
         sync 1s
         backend %s
@@ -111,7 +114,7 @@ func (r *rig) corefile(port int) string {
     cache 30
     forward . %s:53
 }
-`, port, simnode.LinkLocalIP, simnode.KubeDNSClusterIP, r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, simnode.UpstreamClusterIP)
+`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, simnode.UpstreamClusterIP)
 }
 
 func (r *rig) writeCorefile(content string) {
@@ -133,13 +136,15 @@ func (r *rig) startCache() *simnode.Process {
 // startGuard starts the guard with its defaults (probes every 250 ms, fail open after 3 failed rounds).
 func (r *rig) startGuard() *simnode.Process {
 	r.t.Helper()
-	p := r.n.Start(r.n.NodeNS, r.bin, "-guard",
-		"-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP,
-		"-guard.serviceips", simnode.KubeDNSClusterIP,
+	args := []string{"-guard", "-localip", strings.Join(r.listen, ",")}
+	if has(r.listen, simnode.KubeDNSClusterIP) {
+		args = append(args, "-guard.serviceips", simnode.KubeDNSClusterIP)
+	}
+	p := r.n.Start(r.n.NodeNS, r.bin, append(args,
 		"-guard.upstreamips", simnode.UpstreamClusterIP,
 		"-guard.backend", r.backend,
 		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"),
-		"-metrics-listen-address", guardMetrics)
+		"-metrics-listen-address", guardMetrics)...)
 	r.guard = p
 	r.waitLog(p, "nodelocal guard: watching", 1, 10*time.Second)
 	return p
