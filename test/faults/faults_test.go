@@ -11,6 +11,7 @@ package faults
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -205,6 +206,15 @@ func TestGuardDoesNotFlapUnderLoad(t *testing.T) {
 	ok, failed := r.hammer(kubeDNS, 4, d, 5_000_000)
 	failovers := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", "")
 	t.Logf("load for %v: %d lookups answered, %d failed (%.0f/s); guard failovers: %v", d, ok, failed, float64(ok)/d.Seconds(), failovers)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.guard.Cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmHWM") || strings.HasPrefix(line, "VmRSS") || strings.HasPrefix(line, "RssAnon") || strings.HasPrefix(line, "RssFile") {
+			t.Logf("guard %s", strings.Join(strings.Fields(line), " "))
+		}
+	}
 	if failovers != 0 || r.mustScrape(guardMetrics, "coredns_nodecache_guard_state", "") != 0 {
 		t.Errorf("the guard failed a healthy cache open %v times\n%s", failovers, r.guard.Output())
 	}
