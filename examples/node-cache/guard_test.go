@@ -2,11 +2,16 @@ package main
 
 import (
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/examples/kubernetes"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
@@ -83,4 +88,59 @@ func TestServiceHostVar(t *testing.T) {
 	if got := serviceHostVar("kube-dns-upstream"); got != "KUBE_DNS_UPSTREAM_SERVICE_HOST" {
 		t.Error(got)
 	}
+}
+
+// TestManifestsGuardArgs runs each manifest's guard sidecar arguments through the -guard flags, with the
+// variables the kubelet gives the Pod, and checks that a Guard accepts the result.
+func TestManifestsGuardArgs(t *testing.T) {
+	env := map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10", "KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11"}
+	for _, m := range kubernetes.Manifests {
+		t.Run(m.File, func(t *testing.T) {
+			objs, err := kubernetes.Load(m.File)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := objs.DaemonSets[0].Spec.Template.Spec
+			i := slices.IndexFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == "guard" })
+			if i < 0 {
+				t.Fatal("no guard sidecar")
+			}
+			c := pod.InitContainers[i]
+			if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+				t.Error("the guard is not a sidecar (restartPolicy: Always)")
+			}
+			if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
+				t.Error("the guard has no memory limit of its own")
+			}
+			if c.Image != pod.Containers[0].Image {
+				t.Errorf("guard image %s, cache image %s", c.Image, pod.Containers[0].Image)
+			}
+			args := expandEnv(t, c)
+			cfg, err := parseGuard(t, env, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := argValue(args, "-localip"), argValue(expandEnv(t, pod.Containers[0]), "-localip"); got != want {
+				t.Errorf("guard -localip %s, cache -localip %s", got, want)
+			}
+			for _, ip := range m.Config.ClusterDNSIPs {
+				if m.Config.Mode != corefile.ModeIPVS && !slices.Contains(cfg.ServiceAddresses, ip) {
+					t.Errorf("kube-dns ClusterIP %s is not a Service address of the guard", ip)
+				}
+			}
+			cfg.LockPath = filepath.Join(t.TempDir(), "guard.lock")
+			g, err := nodelocal.NewGuard(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.Close()
+		})
+	}
+}
+
+func argValue(args []string, name string) string {
+	if i := slices.Index(args, name); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return ""
 }
