@@ -24,5 +24,11 @@
 // interface_add, interface_check), for metrics; see KindOf and Kinds. Status gives a snapshot for
 // readiness checks.
 //
+// A Guard, in another process beside the cache, fails the node open when the cache stops answering: it
+// diverts the link-local address to the kube-dns-upstream Service, takes the cache's jumps out and hands
+// the kube-dns ClusterIP back to kube-proxy. The cache takes the node back with Lease.EnableRules or
+// Reconciler.Reclaim once it answers; until then Ensure leaves the jumps out. Preflight checks a node before
+// a rollout.
+//
 // Nothing here depends on CoreDNS; the notrack plugin of this repository is one user.
 package nodelocal
