@@ -28,7 +28,6 @@ const (
 	DefaultGuardFailAfter    = 3
 	DefaultGuardRecoverAfter = 3
 	DefaultGuardRecheck      = time.Second
-	DefaultGuardProbeName    = "cluster.local."
 )
 
 // ProbeFunc asks the DNS server at server one question and returns nil when a well-formed answer came
@@ -68,7 +67,11 @@ type GuardConfig struct {
 	// Recheck is how often the guard reads the rules while failed open, or while the probes fail but the
 	// cache's jumps are not in place.
 	Recheck time.Duration
-	// ProbeName and ProbeType are the question; DefaultGuardProbeName and SOA when empty.
+	// ProbeName and ProbeType are the question (SOA when ProbeType is zero). With no ProbeName the probe
+	// is an EDNS version 1 query, which a server answers with BADVERS before any plugin runs (RFC 6891;
+	// CoreDNS does so in its server loop): it shows that the process serves DNS on the address without
+	// depending on the cluster DNS behind it, so an upstream outage or a cache miss cannot fail the node
+	// open. A name sends the probe through the plugin chain, and so through the upstreams on a miss.
 	ProbeName string
 	ProbeType uint16
 	// Probe replaces the DNS probe, in tests.
@@ -107,9 +110,6 @@ func (c GuardConfig) withDefaults() GuardConfig {
 	}
 	if c.Recheck == 0 {
 		c.Recheck = DefaultGuardRecheck
-	}
-	if c.ProbeName == "" {
-		c.ProbeName = DefaultGuardProbeName
 	}
 	if c.ProbeType == 0 {
 		c.ProbeType = dns.TypeSOA
@@ -268,12 +268,19 @@ func (g *Guard) State() GuardState { return GuardState(g.state.Load()) }
 func (g *Guard) Failovers() uint64 { return g.failovers.Load() }
 
 // DNSProbe returns a ProbeFunc that asks name and qtype over UDP and waits up to timeout. Any well-formed
-// answer with the query's ID counts, whatever its rcode: the server is alive.
+// answer with the query's ID counts, whatever its rcode: the server is alive. With an empty name it asks
+// ". SOA" with EDNS version 1, which a server answers with BADVERS without looking at the question.
 func DNSProbe(name string, qtype uint16, timeout time.Duration) ProbeFunc {
 	return func(ctx context.Context, server netip.AddrPort) error {
 		m := new(dns.Msg)
-		m.SetQuestion(dns.Fqdn(name), qtype)
-		m.RecursionDesired = true
+		if name == "" {
+			m.SetQuestion(".", qtype)
+			m.SetEdns0(dns.MinMsgSize, false)
+			m.IsEdns0().SetVersion(1)
+		} else {
+			m.SetQuestion(dns.Fqdn(name), qtype)
+			m.RecursionDesired = true
+		}
 		c := &dns.Client{Net: "udp", Timeout: timeout}
 		r, _, err := c.ExchangeContext(ctx, m, server.String())
 		if err != nil {

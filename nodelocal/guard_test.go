@@ -304,9 +304,14 @@ func TestDNSProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ednsVersion atomic.Int32
+	ednsVersion.Store(-1)
 	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetRcode(r, dns.RcodeRefused) // any rcode counts: the server is alive
+		if opt := r.IsEdns0(); opt != nil {
+			ednsVersion.Store(int32(opt.Version()))
+		}
 		w.WriteMsg(m)
 	})}
 	go srv.ActivateAndServe()
@@ -315,6 +320,12 @@ func TestDNSProbe(t *testing.T) {
 	ctx := context.Background()
 	if err := probe(ctx, netip.MustParseAddrPort(pc.LocalAddr().String())); err != nil {
 		t.Errorf("live server: %v", err)
+	}
+	if err := DNSProbe("", dns.TypeSOA, 300*time.Millisecond)(ctx, netip.MustParseAddrPort(pc.LocalAddr().String())); err != nil {
+		t.Errorf("live server, EDNS version probe: %v", err)
+	}
+	if v := ednsVersion.Load(); v != 1 {
+		t.Errorf("the EDNS probe asked for EDNS version %d, want 1", v)
 	}
 
 	silent, err := net.ListenPacket("udp", "127.0.0.1:0")

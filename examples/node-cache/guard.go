@@ -48,7 +48,7 @@ func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	fs.DurationVar(&g.timeout, "guard.timeout", nodelocal.DefaultGuardProbeTimeout, "timeout of each probe")
 	fs.IntVar(&g.failAfter, "guard.failafter", nodelocal.DefaultGuardFailAfter, "failed rounds in a row before failing open")
 	fs.IntVar(&g.recoverAfter, "guard.recoverafter", nodelocal.DefaultGuardRecoverAfter, "answered rounds in a row, after the cache took the node back, before watching again")
-	fs.StringVar(&g.probeName, "guard.probename", nodelocal.DefaultGuardProbeName, "name whose SOA the probes ask for; any answer counts")
+	fs.StringVar(&g.probeName, "guard.probename", "", "name whose SOA the probes ask for, through the cache's plugins and, on a miss, its upstreams; empty sends an EDNS version 1 query the server answers itself (BADVERS); any answer counts")
 	return g
 }
 

@@ -40,7 +40,7 @@ func TestGuardFlags(t *testing.T) {
 		ServiceAddresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Upstream:         []netip.Addr{netip.MustParseAddr("10.96.0.11")},
 		Interval:         100 * time.Millisecond, ProbeTimeout: nodelocal.DefaultGuardProbeTimeout,
-		FailAfter: 4, RecoverAfter: nodelocal.DefaultGuardRecoverAfter, ProbeName: nodelocal.DefaultGuardProbeName,
+		FailAfter: 4, RecoverAfter: nodelocal.DefaultGuardRecoverAfter, ProbeName: "",
 	}
 	if cfg.Interface != want.Interface || cfg.Backend != want.Backend || cfg.LockPath != want.LockPath ||
 		!slices.Equal(cfg.Addresses, want.Addresses) || cfg.DNSPort != want.DNSPort ||

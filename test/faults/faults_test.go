@@ -190,6 +190,66 @@ func TestGuardDivertsTheLinkLocalAddress(t *testing.T) {
 	}
 }
 
+// TestHungCacheDoesNotFightTheGuard: a cache that stops answering (SIGSTOP) is failed open like a dead
+// one; when it runs again (SIGCONT) its repair loop, every second, leaves the jumps out while the guard's
+// chain is there, so the two do not fight.
+func TestHungCacheDoesNotFightTheGuard(t *testing.T) {
+	r := newRig(t, "nft")
+	cache := r.startCache()
+	r.startGuard()
+	kill(t, cache, syscall.SIGSTOP)
+	took := r.waitFor("guard fails a hung cache open", 5*time.Second, func() bool {
+		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
+		return err == nil && v == 1
+	})
+	t.Logf("hung cache failed open after %v", took.Round(time.Millisecond))
+	if err := r.podQuery(kubeDNS); err != nil {
+		t.Errorf("Pods do not resolve through kube-proxy while the cache hangs: %v", err)
+	}
+	kill(t, cache, syscall.SIGCONT)
+	deadline := time.Now().Add(3500 * time.Millisecond) // three repair intervals and more
+	for time.Now().Before(deadline) {
+		if r.anyJump() {
+			t.Fatalf("the resumed cache put its jumps back while the guard's chain is there\n%s", cache.Output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r.waitLog(cache, "the fail-open guard has diverted DNS", 1, time.Second)
+	if v := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); v != 1 {
+		t.Errorf("%v failovers, want 1", v)
+	}
+	if v := r.mustScrape(cacheMetrics, "coredns_nodecache_rules_in_place", ""); v != 0 {
+		t.Errorf("the cache reports its rules in place while failed open")
+	}
+	if err := r.podQuery(kubeDNS); err != nil {
+		t.Errorf("Pods do not resolve after the cache resumed: %v", err)
+	}
+}
+
+// TestGuardIgnoresUpstreamOutage: the cluster DNS stops answering (SIGSTOP) for 4 s behind a cache that
+// caches nothing. Lookups fail, but the cache answers the guard's probe itself, so the guard does not fail
+// the node open: that would not help, and only the cache's restart would undo it.
+func TestGuardIgnoresUpstreamOutage(t *testing.T) {
+	r := newRig(t, "nft")
+	r.noCache = true
+	r.writeCorefile(r.corefile(53))
+	r.startCache()
+	r.startGuard()
+	kill(t, r.clusterDNS, syscall.SIGSTOP)
+	time.Sleep(4 * time.Second)
+	lookupErr := r.podQuery(kubeDNS)
+	kill(t, r.clusterDNS, syscall.SIGCONT)
+	if lookupErr == nil {
+		t.Error("a lookup succeeded while the cluster DNS was stopped: the outage was not one")
+	}
+	if v := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); v != 0 {
+		t.Errorf("the guard failed the node open during an upstream outage\n%s", r.guard.Output())
+	}
+	if !r.jumps() {
+		t.Error("the cache's jumps are gone")
+	}
+}
+
 // TestGuardDoesNotFlapUnderLoad: 60 s (FAULTS_LOAD_DURATION) of four Pod clients asking the cache back to
 // back, with the guard probing every 250 ms: no failover.
 func TestGuardDoesNotFlapUnderLoad(t *testing.T) {

@@ -77,14 +77,17 @@ const (
 // rig is a simulated node with its cluster DNS, its upstream resolver, and a node cache (notrack, sync
 // every second) serving the link-local address and the kube-dns ClusterIP, as in iptables mode.
 type rig struct {
-	t       *testing.T
-	n       *simnode.Node
-	bin     string
-	dir     string
-	backend string
-	conf    string
-	cache   *simnode.Process
-	guard   *simnode.Process
+	t          *testing.T
+	n          *simnode.Node
+	bin        string
+	dir        string
+	backend    string
+	conf       string
+	cache      *simnode.Process
+	guard      *simnode.Process
+	clusterDNS *simnode.Process
+	// noCache leaves the cache plugin out of the Corefile: every lookup goes to the cluster DNS.
+	noCache bool
 	// listen are the cache's addresses: the link-local one and the kube-dns ClusterIP (iptables mode),
 	// or the link-local one only (IPVS mode).
 	listen []string
@@ -94,14 +97,18 @@ func newRig(t *testing.T, backend string) *rig {
 	t.Helper()
 	bin := binary(t)
 	n := simnode.New(t)
-	n.StartClusterDNS(bin)
-	r := &rig{t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
+	clusterDNS := n.StartClusterDNS(bin)
+	r := &rig{clusterDNS: clusterDNS, t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
 	r.conf = filepath.Join(r.dir, "Corefile")
 	r.writeCorefile(r.corefile(53))
 	return r
 }
 
 func (r *rig) corefile(port int) string {
+	cache := "cache 30"
+	if r.noCache {
+		cache = ""
+	}
 	return fmt.Sprintf(`.:%d {
     bind %s
     notrack {
@@ -111,10 +118,10 @@ func (r *rig) corefile(port int) string {
     }
     prometheus %s
     errors
-    cache 30
+    %s
     forward . %s:53
 }
-`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, simnode.UpstreamClusterIP)
+`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, cache, simnode.UpstreamClusterIP)
 }
 
 func (r *rig) writeCorefile(content string) {
