@@ -523,3 +523,61 @@ func TestMalformedQueries(t *testing.T) {
 		t.Fatalf("the cache exited: %v", cache.Wait(0))
 	}
 }
+
+// TestGuardStartedAfterTheCacheDied: the cache is SIGKILLed with no guard running; a guard started later
+// fails the node open, and a second guard on the node is refused.
+func TestGuardStartedAfterTheCacheDied(t *testing.T) {
+	r := newRig(t, "nft")
+	cache := r.startCache()
+	kill(t, cache, syscall.SIGKILL)
+	cache.Wait(5 * time.Second)
+	if err := r.podQuery(kubeDNS); err == nil {
+		t.Fatal("Pods still resolve after the kill without a guard: the black hole this guards against is not there")
+	}
+	r.startGuard()
+	took := r.waitFor("late guard fails open", 5*time.Second, func() bool { return r.podQuery(kubeDNS) == nil })
+	t.Logf("Pods resolve %v after the late guard started", took.Round(time.Millisecond))
+	if v := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); v != 1 {
+		t.Errorf("%v failovers, want 1", v)
+	}
+
+	second := r.n.Start(r.n.NodeNS, r.bin, "-guard", "-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP,
+		"-guard.serviceips", simnode.KubeDNSClusterIP, "-guard.upstreamips", simnode.UpstreamClusterIP,
+		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"))
+	if err := second.Wait(10 * time.Second); err == nil || !second.Exited() {
+		t.Fatalf("second guard: %v\n%s", err, second.Output())
+	}
+	if !strings.Contains(second.Output(), "another instance owns this node") {
+		t.Errorf("the second guard's error does not say why:\n%s", second.Output())
+	}
+}
+
+// TestPreflightMode runs `node-cache -preflight` on the simulated node: it passes there, and fails, naming
+// the check, once kube-ipvs0 holds the kube-dns ClusterIP the cache would bind.
+func TestPreflightMode(t *testing.T) {
+	r := newRig(t, "nft")
+	resolv, lock := filepath.Join(r.dir, "resolv.conf"), filepath.Join(r.dir, "xtables.lock")
+	for path, content := range map[string]string{resolv: "nameserver " + simnode.ExtResolverIP + "\n", lock: ""} {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	preflight := func() (string, error) {
+		return r.n.In(context.Background(), r.n.NodeNS, r.bin, "-preflight", "-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP,
+			"-preflight.resolvconf", resolv, "-preflight.xtableslock", lock, "-guard.backend", "nft")
+	}
+	out, err := preflight()
+	t.Logf("preflight on the simulated node:\n%s", out)
+	if err != nil || !strings.Contains(out, "[ok] kube-proxy mode: iptables (KUBE-SERVICES in iptables-nft)") {
+		t.Fatalf("preflight failed on a good node: %v", err)
+	}
+	for _, args := range [][]string{{"link", "add", "kube-ipvs0", "type", "bridge"}, {"addr", "add", simnode.KubeDNSClusterIP + "/32", "dev", "kube-ipvs0"}} {
+		if _, err := r.n.In(context.Background(), r.n.NodeNS, "ip", args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = preflight()
+	if err == nil || !strings.Contains(out, "[error] kube-proxy mode: IPVS: kube-ipvs0 holds [10.96.0.10]") {
+		t.Errorf("preflight on an IPVS node with the ClusterIP in -localip: %v\n%s", err, out)
+	}
+}
