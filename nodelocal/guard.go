@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
@@ -50,10 +51,11 @@ type GuardConfig struct {
 	// kube-dns ClusterIP): failing open removes them from the link, and kube-proxy's DNAT takes over.
 	ServiceAddresses []netip.Addr
 	// Upstream holds the kube-dns-upstream Service's ClusterIP, one per family. Failing open diverts the
-	// other addresses (the link-local one, which nothing else serves) to it with a DNAT. That DNAT reaches
-	// the cluster DNS where the ClusterIP is local to the node (kube-proxy's IPVS mode, kube-ipvs0); in
-	// iptables mode, where Pods ask the kube-dns ClusterIP, nothing needs it. An address whose family has
-	// no upstream is not diverted (NewGuard logs a warning).
+	// other addresses (the link-local one, which nothing else serves) to it with a DNAT, when it is an
+	// address of the node (kube-proxy's IPVS mode puts it on kube-ipvs0, and IPVS takes it from there). In
+	// iptables mode, where Pods ask the kube-dns ClusterIP, a DNAT to a ClusterIP would send the traffic off
+	// the node (kube-proxy's DNAT never sees traffic DNATed before), so the guard leaves it out and logs so.
+	// An address whose family has no upstream is not diverted either (NewGuard logs a warning).
 	Upstream []netip.Addr
 
 	// Interval is the time between probe rounds; ProbeTimeout bounds each probe.
@@ -187,8 +189,9 @@ func (s GuardState) String() string {
 // still starting, or that stopped cleanly, is left alone), it fails open:
 //
 //   - it writes its nat chain (rules.Guard), which DNATs each address that is not a Service address (the
-//     link-local one) to the kube-dns-upstream ClusterIP of its family, and which tells the cache's
-//     Reconciler to keep its jumps out (see Reconciler.Reclaim);
+//     link-local one) to the kube-dns-upstream ClusterIP of its family where that ClusterIP is an address
+//     of the node (IPVS mode), and which tells the cache's Reconciler to keep its jumps out (see
+//     Reconciler.Reclaim);
 //   - it removes the cache's jumps (rules.Manager.RemoveJumps; the chains stay), so that kube-proxy's DNAT
 //     sees the traffic for the kube-dns ClusterIP again;
 //   - it removes the Service addresses (the kube-dns ClusterIP) from the link.
@@ -469,9 +472,17 @@ func (g *Guard) FailOpen(ctx context.Context) error {
 }
 
 func (g *Guard) failOpenLocked(ctx context.Context) error {
+	diverts, skipped, err := localDiverts(g.diverts)
+	if err != nil {
+		return linkError("list the node's addresses", err)
+	}
+	if len(skipped) > 0 {
+		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is not an address of this node (kube-proxy's iptables "+
+			"mode), and traffic DNATed to it would leave the node; Pods that ask the kube-dns ClusterIP are served", skipped)
+	}
 	// The divert goes first: it is also the word to the cache's repair loop to keep its jumps out.
 	for _, fam := range g.fams {
-		if _, err := g.rules.Sync(ctx, rules.Guard(fam, g.diverts)); err != nil {
+		if _, err := g.rules.Sync(ctx, rules.Guard(fam, diverts)); err != nil {
 			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
 		}
 	}
@@ -483,8 +494,34 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 		return linkError("remove the Service addresses from "+g.cfg.Interface, err)
 	}
 	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
-		removed, g.cfg.Interface, g.diverts)
+		removed, g.cfg.Interface, diverts)
 	return nil
+}
+
+// localDiverts keeps the diverts whose upstream is an address of this node. A DNAT ends the nat table's
+// walk for a packet, so kube-proxy's own DNAT never sees traffic the guard DNATed: the upstream ClusterIP
+// answers only where it is local (kube-ipvs0 in IPVS mode, where IPVS takes it from there). Elsewhere the
+// packets would be routed off the node, and a lookup that gets a port unreachable at once is better than one
+// that times out.
+func localDiverts(ds []rules.Divert) (kept, skipped []rules.Divert, err error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, nil, err
+	}
+	local := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			local[ip.Unmap()] = true
+		}
+	}
+	for _, d := range ds {
+		if local[d.To] {
+			kept = append(kept, d)
+		} else {
+			skipped = append(skipped, d)
+		}
+	}
+	return kept, skipped, nil
 }
 
 // removeJumpsLocked takes the cache's jumps out in every family that has them and returns how many

@@ -109,6 +109,9 @@ func TestGuardFailsOpenAndTheCacheReclaims(t *testing.T) {
 		claim := Claim{Addresses: []netip.Addr{addrA, guardClusterIP}}
 		e.acquire(r, claim)
 		eps := rules.Endpoints(claim.Addresses, 53, nil)
+		// IPVS mode: the kube-dns-upstream ClusterIP is an address of the node, so the guard diverts to it.
+		run(t, "ip", "link", "add", "kube-ipvs0", "type", "bridge")
+		run(t, "ip", "addr", "add", guardUpstreamIP.String()+"/32", "dev", "kube-ipvs0")
 		f := &fakeCache{}
 		f.alive.Store(true)
 		g := e.guard(f)
@@ -232,6 +235,14 @@ func TestGuardStartedAfterTheCacheDied(t *testing.T) {
 			t.Error("jumps still in place")
 		}
 		e.expectLinkAddrs(DefaultInterface, addrA)
+		// iptables mode: the upstream ClusterIP is not an address of the node; a DNAT to it would leave the
+		// node, so there is none, only the chain that marks the node as failed open.
+		if rules, ok := e.guardChain(); !ok || len(rules) != 0 {
+			t.Errorf("guard chain %q (exists %v), want it empty", rules, ok)
+		}
+		if e.log.count("not diverting") != 1 {
+			t.Error("the skipped divert was not logged")
+		}
 
 		g2 := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
 		e.runGuard(g2)

@@ -94,6 +94,11 @@ func TestGuardFailOpenTime(t *testing.T) {
 		if !has(r.linkAddrs(), simnode.LinkLocalIP) || has(r.linkAddrs(), simnode.KubeDNSClusterIP) || r.anyJump() {
 			t.Fatalf("run %d: after failing open the link holds %v, jumps left: %v", run, r.linkAddrs(), r.anyJump())
 		}
+		// iptables mode: kube-dns-upstream's ClusterIP is not local, so the link-local address is not DNATed
+		// off the node; the guard's chain only marks the node as failed open.
+		if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); strings.Contains(out, "DNAT") {
+			t.Fatalf("run %d: the guard diverts to a ClusterIP that is not local:\n%s", run, out)
+		}
 
 		// The cache comes back and takes the node back; the guard watches again.
 		r.startCache()
