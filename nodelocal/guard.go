@@ -405,9 +405,10 @@ func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {
 	}
 	w.successes = 0
 	w.fails++
-	if msg := err.Error(); msg != w.lastErr {
-		g.log.Warningf("nodelocal guard: probe round %d failed: %v", w.fails, err)
-		w.lastErr = msg
+	if w.fails == 1 {
+		// Once per streak: a cache that is gone fails every round, each time from another port.
+		g.log.Warningf("nodelocal guard: a probe round failed: %v", err)
+		w.lastErr = err.Error()
 	}
 	if w.fails < g.cfg.FailAfter || now.Before(w.nextCheck) {
 		return
