@@ -24,6 +24,9 @@ const (
 	acquireTimeout = 30 * time.Second
 	// enableTimeout bounds putting the rules in place once the server answers.
 	enableTimeout = 30 * time.Second
+	// reclaimProbeTimeout bounds one round of probes that decides whether to take the node back from the
+	// fail-open guard.
+	reclaimProbeTimeout = 2 * time.Second
 	// releaseTimeout bounds dropping what a replaced Corefile alone claimed.
 	releaseTimeout = 10 * time.Second
 	// teardownTimeout bounds the final teardown of rules, addresses and link; linkTeardownTimeout is added
@@ -348,6 +351,7 @@ func (n *node) repair(ctx context.Context, rec *nodelocal.Reconciler, every time
 	t := time.NewTicker(every)
 	defer t.Stop()
 	last := ""
+	var answering time.Time // since when the server has answered its probes while the guard had failed it open
 	for {
 		select {
 		case <-ctx.Done():
@@ -369,12 +373,68 @@ func (n *node) repair(ctx context.Context, rec *nodelocal.Reconciler, every time
 			log.Infof("sync succeeded again")
 			last = ""
 		}
+		if err == nil && rec.Status().GuardFailedOpen {
+			answering = n.reclaimIfAnswering(ctx, rec, every, answering)
+		} else {
+			answering = time.Time{}
+		}
 		n.mu.Lock()
 		if n.rec == rec {
 			n.updateGauges()
 		}
 		n.mu.Unlock()
 	}
+}
+
+// reclaimIfAnswering takes the node back from the fail-open guard once this server has answered its own
+// probe on every address whose rules are wanted, in every repair round for at least one repair interval: a
+// cache that hung and recovered without a restart. One answer after a hang is not yet a cache worth sending
+// Pods to, and a ticker that was frozen with the process fires twice at once, so the rounds alone do not
+// measure time. Ensure alone leaves the guard's divert in place, since a repair loop can run while the
+// server does not answer. It takes and returns since when the server has answered (zero: it does not).
+func (n *node) reclaimIfAnswering(ctx context.Context, rec *nodelocal.Reconciler, every time.Duration, answering time.Time) time.Time {
+	n.mu.Lock()
+	var targets []probeTarget
+	for in := range n.live {
+		names := in.probeNames()
+		for _, k := range in.keys() {
+			if sl := n.leases[k]; sl != nil && sl.rules {
+				targets = append(targets, probeTarget{k.endpoint, names[k.endpoint]})
+			}
+		}
+	}
+	mode := n.settings.Backend
+	n.mu.Unlock()
+	if len(targets) == 0 {
+		return time.Time{}
+	}
+	slices.SortFunc(targets, func(a, b probeTarget) int { return strings.Compare(a.String(), b.String()) })
+	targets = slices.CompactFunc(targets, func(a, b probeTarget) bool { return a.endpoint == b.endpoint })
+
+	probeCtx, cancel := context.WithTimeout(ctx, min(every, reclaimProbeTimeout))
+	defer cancel()
+	if err := n.probe.acquire(probeCtx, mode, targetFamilies(targets)); err != nil {
+		log.Warningf("could not exempt probes from connection tracking to check whether to take the node back from the fail-open guard: %v", err)
+		return time.Time{}
+	}
+	err := probeAll(probeCtx, targets)
+	n.probe.release()
+	if err != nil {
+		return time.Time{}
+	}
+	if answering.IsZero() {
+		return time.Now()
+	}
+	if time.Since(answering) < every {
+		return answering
+	}
+	if err := rec.Reclaim(ctx); err != nil {
+		countSetupError(err)
+		log.Errorf("this server answers again on %s, but taking the node back from the fail-open guard failed: %v", targetList(targets), err)
+		return time.Time{}
+	}
+	log.Infof("this server answers again on %s: took the node back from the fail-open guard", targetList(targets))
+	return time.Time{}
 }
 
 func (n *node) updateGauges() {

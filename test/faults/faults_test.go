@@ -195,10 +195,12 @@ func TestGuardDivertsTheLinkLocalAddress(t *testing.T) {
 	}
 }
 
-// TestHungCacheDoesNotFightTheGuard: a cache that stops answering (SIGSTOP) is failed open like a dead
-// one; when it runs again (SIGCONT) its repair loop, every second, leaves the jumps out while the guard's
-// chain is there, so the two do not fight.
-func TestHungCacheDoesNotFightTheGuard(t *testing.T) {
+// TestHungCacheReclaimsWhenItAnswers: a cache that stops answering (SIGSTOP) is failed open like a dead
+// one. When it runs again (SIGCONT), its repair loop (every second) keeps the jumps out while the guard's
+// chain is there, until the server has answered its own probes for a whole repair interval; then the cache, not
+// the guard, removes the guard's chain and puts its jumps back, and the guard goes back to watching without
+// failing over again.
+func TestHungCacheReclaimsWhenItAnswers(t *testing.T) {
 	r := newRig(t, "nft")
 	cache := r.startCache()
 	r.startGuard()
@@ -211,23 +213,42 @@ func TestHungCacheDoesNotFightTheGuard(t *testing.T) {
 	if err := r.podQuery(kubeDNS); err != nil {
 		t.Errorf("Pods do not resolve through kube-proxy while the cache hangs: %v", err)
 	}
+	resumed := time.Now()
 	kill(t, cache, syscall.SIGCONT)
-	deadline := time.Now().Add(3500 * time.Millisecond) // three repair intervals and more
-	for time.Now().Before(deadline) {
-		if r.anyJump() {
+	const reclaimed = "took the node back from the fail-open guard"
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(cache.Output(), reclaimed) {
+		// Never both: the cache's jumps come back only after the guard's chain is gone.
+		if guard := r.chainRules("nat", "NODELOCALDNS-GUARD") >= 0; guard && r.anyJump() {
 			t.Fatalf("the resumed cache put its jumps back while the guard's chain is there\n%s", cache.Output())
 		}
-		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("the resumed cache did not take the node back within 10 s:\n%s", cache.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	r.waitLog(cache, "the fail-open guard has diverted DNS", 1, time.Second)
+	t.Logf("the resumed cache took the node back %v after SIGCONT", time.Since(resumed).Round(time.Millisecond))
+	if !strings.Contains(cache.Output(), "the fail-open guard has diverted DNS") {
+		t.Errorf("the cache never logged that the guard had failed it open:\n%s", cache.Output())
+	}
+	r.waitFor("the cache's jumps are back and the guard's chain is gone", 2*time.Second, func() bool {
+		return r.jumps() && r.chainRules("nat", "NODELOCALDNS-GUARD") < 0
+	})
+	r.waitFor("the guard watches again", 5*time.Second, func() bool {
+		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
+		return err == nil && v == 0
+	})
+	r.waitFor("the cache reports its rules in place", 3*time.Second, func() bool {
+		v, err := r.scrape(cacheMetrics, "coredns_nodecache_rules_in_place", "")
+		return err == nil && v == 1
+	})
+	// No fight: the guard does not fail the healthy cache over again.
+	time.Sleep(2 * time.Second)
 	if v := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); v != 1 {
 		t.Errorf("%v failovers, want 1", v)
 	}
-	if v := r.mustScrape(cacheMetrics, "coredns_nodecache_rules_in_place", ""); v != 0 {
-		t.Errorf("the cache reports its rules in place while failed open")
-	}
 	if err := r.podQuery(kubeDNS); err != nil {
-		t.Errorf("Pods do not resolve after the cache resumed: %v", err)
+		t.Errorf("Pods do not resolve after the cache took the node back: %v", err)
 	}
 }
 
