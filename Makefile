@@ -3,7 +3,7 @@ GO ?= go
 # Privileged tests (network namespaces, links, iptables) fail rather than skip when root or a tool is missing.
 export NODELOCALDNS_REQUIRE_PRIVILEGED = 1
 
-.PHONY: demo test test-deps check build
+.PHONY: demo test test-deps check build fuzz
 
 # A node cache on 127.0.0.1:5300 in front of a stand-in cluster DNS on 127.0.0.1:5301; no root needed.
 demo:
@@ -23,3 +23,10 @@ check:
 
 build:
 	$(GO) build -o bin/node-cache ./examples/node-cache
+
+# Each fuzz target for FUZZTIME; `make test` runs their committed seed corpora as ordinary tests.
+FUZZTIME ?= 20s
+fuzz:
+	for f in FuzzKubeDNSConfigMap FuzzCorefileParse FuzzProbeResponse; do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./test/faults/ || exit 1; \
+	done
