@@ -69,16 +69,7 @@ func TestGuardFailOpenTime(t *testing.T) {
 		if err := r.podQuery(kubeDNS); err != nil {
 			t.Fatalf("run %d: the cache does not answer before the kill: %v", run, err)
 		}
-		cache := r.cache
-		killAt := time.Now().Add(time.Second)
-		killed := false
-		samples := r.podLoop(kubeDNS, 100*time.Millisecond, 500*time.Millisecond, 200, 15*time.Second, func(s []sample) bool {
-			if !killed && time.Now().After(killAt) {
-				kill(t, cache, syscall.SIGKILL)
-				killed = true
-			}
-			return killed && recoveredAfterFailure(s)
-		})
+		samples := r.killCacheWhileQuerying(kubeDNS)
 		span, failed := failureSpan(samples)
 		if !recoveredAfterFailure(samples) {
 			t.Fatalf("run %d: lookups did not recover within 15 s of the kill (%d of %d failed)\nguard:\n%s", run, failed, len(samples), r.guard.Output())
@@ -157,16 +148,7 @@ func TestGuardDivertsTheLinkLocalAddress(t *testing.T) {
 	}
 	r.startCache()
 	r.startGuard()
-	cache := r.cache
-	killAt := time.Now().Add(time.Second)
-	killed := false
-	samples := r.podLoop(linkLocal, 100*time.Millisecond, 500*time.Millisecond, 200, 15*time.Second, func(s []sample) bool {
-		if !killed && time.Now().After(killAt) {
-			kill(t, cache, syscall.SIGKILL)
-			killed = true
-		}
-		return killed && recoveredAfterFailure(s)
-	})
+	samples := r.killCacheWhileQuerying(linkLocal)
 	span, failed := failureSpan(samples)
 	if !recoveredAfterFailure(samples) {
 		t.Fatalf("lookups to the link-local address did not recover (%d of %d failed)\nguard:\n%s", failed, len(samples), r.guard.Output())

@@ -157,6 +157,22 @@ func (r *rig) startGuard() *simnode.Process {
 	return p
 }
 
+// killCacheWhileQuerying has the Pod ask server every 100 ms, SIGKILLs the cache a second in, and returns
+// the samples once lookups have failed and recovered, or after 15 s.
+func (r *rig) killCacheWhileQuerying(server string) []sample {
+	r.t.Helper()
+	cache := r.cache
+	killAt := time.Now().Add(time.Second)
+	killed := false
+	return r.podLoop(server, 100*time.Millisecond, 500*time.Millisecond, 200, 15*time.Second, func(s []sample) bool {
+		if !killed && time.Now().After(killAt) {
+			kill(r.t, cache, syscall.SIGKILL)
+			killed = true
+		}
+		return killed && recoveredAfterFailure(s)
+	})
+}
+
 // waitLog waits until p's output holds s at least n times.
 func (r *rig) waitLog(p *simnode.Process, s string, n int, timeout time.Duration) {
 	r.t.Helper()
