@@ -232,35 +232,28 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // Ensure puts the link, its addresses and the rules in place as the leases claim them, repairing whatever
 // was changed behind our back. With no lease it does nothing.
-func (r *Reconciler) Ensure(ctx context.Context) error { return r.sync(ctx, true, true) }
+func (r *Reconciler) Ensure(ctx context.Context) error { return r.sync(ctx, true, true, false) }
 
 // EnsureLink is Ensure for the link and its addresses only.
-func (r *Reconciler) EnsureLink(ctx context.Context) error { return r.sync(ctx, true, false) }
+func (r *Reconciler) EnsureLink(ctx context.Context) error { return r.sync(ctx, true, false, false) }
 
 // EnsureRules is Ensure for the rules only.
-func (r *Reconciler) EnsureRules(ctx context.Context) error { return r.sync(ctx, false, true) }
+func (r *Reconciler) EnsureRules(ctx context.Context) error { return r.sync(ctx, false, true, false) }
 
-func (r *Reconciler) sync(ctx context.Context, doLink, doRules bool) error {
+func (r *Reconciler) sync(ctx context.Context, doLink, doRules, reclaim bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
-	return r.syncLocked(ctx, doLink, doRules, false)
+	return r.syncLocked(ctx, doLink, doRules, reclaim)
 }
 
 // Reclaim is Ensure for a cache that knows it answers: if the fail-open guard has diverted the node's DNS
 // (see Guard), it removes the guard's divert and puts the jumps back. Ensure, and so Run, leave the jumps
 // out while the guard's divert is there, so that a cache whose repair loop runs but whose server does not
 // answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as this does.
-func (r *Reconciler) Reclaim(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
-	}
-	return r.syncLocked(ctx, true, true, true)
-}
+func (r *Reconciler) Reclaim(ctx context.Context) error { return r.sync(ctx, true, true, true) }
 
 // Teardown removes the jumps, then our chains (both families), then the addresses we added or, if we
 // created it, the link, and releases every lease. It honours ctx, so a deadline bounds it. Tearing down
