@@ -241,7 +241,7 @@ func TestReloadOverlap(t *testing.T) {
 func TestBridgeFallbackLoggedOnce(t *testing.T) {
 	inNamespaceNFT(t, func(t *testing.T, e *env) {
 		var add link.AddFunc
-		if kernelHasDummy(t) {
+		if netnstest.KernelHasDummy(t) {
 			add = func(l netlink.Link) error {
 				if l.Type() == "dummy" {
 					return unix.EOPNOTSUPP
@@ -271,7 +271,7 @@ func TestDummyPath(t *testing.T) {
 	inNamespaceNFT(t, func(t *testing.T, e *env) {
 		var add link.AddFunc
 		wantKind := "dummy"
-		if !kernelHasDummy(t) {
+		if !netnstest.KernelHasDummy(t) {
 			wantKind = "ifb"
 			add = func(l netlink.Link) error {
 				if _, ok := l.(*netlink.Dummy); !ok {
@@ -656,20 +656,4 @@ func holdXtablesLock(t *testing.T) func() {
 	}
 	var once sync.Once
 	return func() { once.Do(func() { f.Close() }) }
-}
-
-// kernelHasDummy probes, inside the test's namespace, whether the kernel offers the dummy link type.
-func kernelHasDummy(t *testing.T) bool {
-	t.Helper()
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = "probe0"
-	err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: attrs})
-	if errors.Is(err, unix.EOPNOTSUPP) {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("probe for the dummy link type: %v", err)
-	}
-	run(t, "ip", "link", "del", "probe0")
-	return true
 }

@@ -45,22 +45,6 @@ func mustNew(t *testing.T, opts Options) *Manager {
 	return m
 }
 
-// kernelHasDummy probes, inside the test's namespace, whether the kernel offers the dummy type.
-func kernelHasDummy(t *testing.T) bool {
-	t.Helper()
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = "probe0"
-	err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: attrs})
-	if errors.Is(err, unix.EOPNOTSUPP) {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("probe for the dummy link type: %v", err)
-	}
-	ip(t, "link", "del", "probe0")
-	return true
-}
-
 // checkUsable verifies the link is up and that every address is local and can be bound at once.
 func checkUsable(t *testing.T, name string, addrs ...netip.Addr) {
 	t.Helper()
@@ -129,7 +113,7 @@ func TestFallbackToBridgeWithoutDummy(t *testing.T) {
 		return
 	}
 	add := AddFunc(netlink.LinkAdd)
-	if kernelHasDummy(t) {
+	if netnstest.KernelHasDummy(t) {
 		// Stand in for a kernel without the dummy type.
 		add = func(l netlink.Link) error {
 			if l.Type() == "dummy" {
@@ -175,7 +159,7 @@ func TestDummyPath(t *testing.T) {
 	}
 	add := AddFunc(netlink.LinkAdd)
 	wantKind := "dummy"
-	if !kernelHasDummy(t) {
+	if !netnstest.KernelHasDummy(t) {
 		// Stand in for a kernel with the dummy type: create an ifb, another port-less local link, when
 		// asked for a dummy, and refuse anything else so that a fallback would show.
 		wantKind = "ifb"
