@@ -326,14 +326,17 @@ func TestServiceDeletedAndRecreated(t *testing.T) {
 	_, _, port := upstreamPair(t)
 	api := newFakeAPI(t, "kube-system", "kube-dns-upstream")
 	api.setService([]string{"127.0.0.1"}, int32(port))
-	inst, addr := startCoreDNS(t, fmt.Sprintf(".:0 {\n bind 127.0.0.1\n upstreamsvc {\n kubeconfig %s\n }\n}\n",
-		writeKubeconfig(t, api.srv.URL)))
+	kubeconfig := writeKubeconfig(t, api.srv.URL)
+	inst, addr := startCoreDNS(t, fmt.Sprintf(".:0 {\n bind 127.0.0.1\n upstreamsvc {\n kubeconfig %s\n }\n}\n", kubeconfig))
 	defer stopCoreDNS(t, inst)
 	waitFor(t, 5*time.Second, "the informer's watch", func() bool { open, _ := api.watches(); return open == 1 })
 
+	// Followers are told in the order they subscribed, under the watch's lock: once the probe, which
+	// joins after the plugin, has seen the deletion, so has the plugin.
+	probe := followWatch(t, inst, watchKey{kubeconfig, "kube-system", "kube-dns-upstream"})
 	c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
 	api.deleteService()
-	time.Sleep(200 * time.Millisecond) // let the deletion reach the plugin; nothing should change
+	probe.waitFor(t, 10*time.Second, "the deletion", func(v serviceView) bool { return !v.exists })
 	if ip, err := ask(c, addr, "deleted.example.org."); err != nil || !ip.Equal(net.IPv4(192, 0, 2, 1)) {
 		t.Fatalf("after deletion: got %v, %v; want the last address, 192.0.2.1", ip, err)
 	}

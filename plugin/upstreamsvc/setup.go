@@ -33,9 +33,14 @@ func setup(c *caddy.Controller) error {
 	if err != nil {
 		return plugin.Error(pluginName, err)
 	}
+	own := listenersOf(dnsserver.GetConfig(c))
+	if err := own.refuse(initial, cfg.origin(initial)); err != nil {
+		return plugin.Error(pluginName, err)
+	}
 
 	u := New(cfg)
 	u.initial = initial
+	u.own = own
 	u.watch = watch
 	u.zones = strings.Join(plugin.OriginsFromArgsOrServerBlock(nil, c.ServerBlockKeys), ",")
 

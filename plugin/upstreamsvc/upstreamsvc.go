@@ -73,6 +73,7 @@ type UpstreamSvc struct {
 	zones   string        // metrics label: the server block's zones
 	initial upstreamSet   // chosen during setup, used from OnStartup on
 	watch   *serviceWatch // nil without API access
+	own     ownListeners  // addresses that would loop back into this block
 	tap     *dnstap.Dnstap
 
 	errLimitExceeded error
@@ -207,7 +208,12 @@ func (u *UpstreamSvc) OnShutdown() error {
 func (u *UpstreamSvc) follow(v serviceView) {
 	switch {
 	case v.exists && v.problem == nil:
-		u.switchTo(u.cfg.apiSet(v))
+		set := u.cfg.apiSet(v)
+		if err := u.own.refuse(set, u.cfg.origin(set)); err != nil {
+			log.Errorf("%v; keeping %s", err, u.activeString())
+			return
+		}
+		u.switchTo(set)
 	case v.exists:
 		log.Errorf("%v; keeping %s", v.problem, u.activeString())
 	default:
