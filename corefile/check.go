@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -47,17 +48,23 @@ const (
 //     for a positive entry and 535 for a negative one; the Go collector lets the heap grow to about twice
 //     the live size, and filling both caches of upstream's cluster block (19968 entries) raised the
 //     resident size by 23.4 MB, 1170 bytes an entry, 2.2 times the heap figure.
-//   - wireCacheEntryBytes: resident memory per wirecache entry: the same benchmark with wirecache in front
-//     adds 413 heap bytes for a positive answer and 454 for a negative one; times 2.2 as above.
+//   - wirecache bounds the heap its entries hold per block, by max_memory and by capacity times its
+//     largest entry; residentPerHeap (the 2.2 above) turns that bound into resident memory.
 //
 // Filling the rendered cluster block (19232 cache and 10000 wirecache entries) raised the resident size by
-// 26.3 MB, where these figures predict 33 MB: the estimate errs on the safe side.
+// 26.3 MB, where these figures predicted 33 MB with a wirecache entry of usual size.
 const (
-	baseBytes           = 43 << 20
-	cacheEntryBytes     = 1200
-	wireCacheEntryBytes = 1000
-	// defaultWireCacheCapacity is the wirecache plugin's default capacity.
-	defaultWireCacheCapacity = 10000
+	baseBytes       = 43 << 20
+	cacheEntryBytes = 1200
+	residentPerHeap = 2.2
+)
+
+// The wirecache plugin's defaults and its largest entry in heap bytes (plugin/wirecache: DefaultCapacity,
+// DefaultMaxMemory, MinMaxMemory; a test keeps them equal).
+const (
+	defaultWireCacheCapacity  = 10000
+	defaultWireCacheMaxMemory = 8 << 20
+	wireCacheMaxEntryBytes    = 12015
 )
 
 // CheckOptions tells Check about the node the Corefile will run on. Every field is optional; a check
@@ -355,6 +362,7 @@ func (c *checker) cacheMemory() {
 		return
 	}
 	entries, wireEntries, line := 0, 0, 0
+	var wireHeap int64
 	for _, b := range c.file.Blocks {
 		for _, d := range b.Find("cache") {
 			success, denial := defaultCacheCapacity, defaultCacheCapacity
@@ -383,26 +391,59 @@ func (c *checker) cacheMemory() {
 			if b.Has("log") {
 				continue
 			}
-			capacity := defaultWireCacheCapacity
+			capacity, maxMemory := defaultWireCacheCapacity, int64(defaultWireCacheMaxMemory)
 			if o := d.Option("capacity"); o != nil && len(o.Args) == 1 {
 				if n, err := strconv.Atoi(o.Args[0]); err == nil {
 					capacity = n
 				}
 			}
+			if o := d.Option("max_memory"); o != nil && len(o.Args) == 1 {
+				if n, err := parseSize(o.Args[0]); err == nil {
+					maxMemory = n
+				}
+			}
 			wireEntries += capacity
+			wireHeap += min(int64(capacity)*wireCacheMaxEntryBytes, maxMemory)
 			if line == 0 {
 				line = d.Line
 			}
 		}
 	}
-	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(wireEntries)*wireCacheEntryBytes
+	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap)
 	if entries+wireEntries > 0 && need > c.opts.MemoryLimit {
-		c.add(line, HazardCacheMemory, fmt.Sprintf("the caches hold up to %d entries (and wirecache %d); full, "+
-			"the node cache needs about %d MiB, above the %d MiB memory limit, and is OOM-killed (a DNS outage "+
-			"on the node) once they fill", entries, wireEntries, need>>20, c.opts.MemoryLimit>>20),
-			fmt.Sprintf("raise the limit to at least %d MiB or lower the cache capacities", (need>>20)+1))
+		c.add(line, HazardCacheMemory, fmt.Sprintf("the caches hold up to %d entries (and wirecache %d entries, at "+
+			"most %d MiB of answers); full, the node cache needs about %d MiB, above the %d MiB memory limit, and is "+
+			"OOM-killed (a DNS outage on the node) once they fill", entries, wireEntries, wireHeap>>20, need>>20, c.opts.MemoryLimit>>20),
+			fmt.Sprintf("raise the limit to at least %d MiB or lower the cache capacities (wirecache: max_memory)", (need>>20)+1))
 	}
 }
 
 // shardedCapacity is what CoreDNS's cache really holds for a capacity: 256 shards of at least 4 entries.
 func shardedCapacity(n int) int { return max(n/256, 4) * 256 }
+
+// parseSize reads a size as wirecache's max_memory takes it: bytes, or a number with KiB, MiB or GiB (also
+// spelled Ki or K, ...), all powers of 1024.
+func parseSize(s string) (int64, error) {
+	for _, u := range []struct {
+		suffixes []string
+		shift    uint
+	}{
+		{[]string{"GiB", "Gi", "G"}, 30},
+		{[]string{"MiB", "Mi", "M"}, 20},
+		{[]string{"KiB", "Ki", "K"}, 10},
+		{[]string{"B", ""}, 0},
+	} {
+		for _, suffix := range u.suffixes {
+			digits, ok := strings.CutSuffix(s, suffix)
+			if !ok || digits == "" {
+				continue
+			}
+			n, err := strconv.ParseInt(digits, 10, 64)
+			if err != nil || n < 0 || n > math.MaxInt64>>u.shift {
+				return 0, fmt.Errorf("%q is not a size", s)
+			}
+			return n << u.shift, nil
+		}
+	}
+	return 0, fmt.Errorf("%q is not a size", s)
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
 )
 
 // clean is a node-cache Corefile with none of the hazards; each case below breaks it in one way.
@@ -225,24 +227,60 @@ func TestCheckMemoryFigures(t *testing.T) {
 }
 
 func TestCheckMemoryWithWireCache(t *testing.T) {
-	// The rendered iptables Corefile: 8 caches of 9984 entries and 4 wirecaches of 10000, about 173 MiB.
+	// The rendered iptables Corefile: 8 caches of 9984 entries (91 MiB) and 4 wirecaches of 10000 entries
+	// and 8 MiB of answers each (70 MiB resident), about 205 MiB with the base.
 	out, err := Render(goldenConfigs["iptables"])
 	if err != nil {
 		t.Fatal(err)
 	}
 	hazards, _ := Check(out, CheckOptions{MemoryLimit: 128 << 20})
-	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory || !strings.Contains(hazards[0].Problem, "(and wirecache 40000)") ||
-		!strings.Contains(hazards[0].Fix, "173 MiB") {
+	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory ||
+		!strings.Contains(hazards[0].Problem, "(and wirecache 40000 entries, at most 32 MiB of answers)") ||
+		!strings.Contains(hazards[0].Fix, "205 MiB") {
 		t.Errorf("got %v", hazards)
 	}
-	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 173 << 20}); len(hazards) != 0 {
-		t.Errorf("173 MiB is enough: %v", hazards)
+	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 205 << 20}); len(hazards) != 0 {
+		t.Errorf("205 MiB is enough: %v", hazards)
 	}
 	// With log, wirecache steps aside and holds nothing.
 	logged := strings.Replace(string(out), "    wirecache\n", "    wirecache\n    log\n", 1)
 	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 128 << 20})
-	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "(and wirecache 30000)") {
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "(and wirecache 30000 entries, at most 24 MiB of answers)") {
 		t.Errorf("got %v", hazards)
+	}
+	// max_memory, and a capacity too small to reach it, bound what wirecache holds.
+	for _, tc := range []struct{ block, want string }{
+		{"wirecache {\n        max_memory 1MiB\n    }", "at most 25 MiB of answers"},            // 3×8 MiB + 1 MiB
+		{"wirecache {\n        max_memory 33554432\n    }", "at most 56 MiB of answers"},        // 3×8 MiB + 32 MiB
+		{"wirecache {\n        capacity 100\n    }", "at most 25 MiB of answers"},               // 3×8 MiB + 100×12015 bytes
+		{"wirecache {\n        capacity 100\n        max_memory 64Ki\n    }", "at most 24 MiB"}, // 3×8 MiB + 64 KiB
+	} {
+		changed := strings.Replace(string(out), "    wirecache\n", "    "+tc.block+"\n", 1)
+		hazards, _ := Check([]byte(changed), CheckOptions{MemoryLimit: 128 << 20})
+		if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.block, hazards, tc.want)
+		}
+	}
+}
+
+// TestCheckKnowsWireCache keeps Check's figures for wirecache equal to the plugin's.
+func TestCheckKnowsWireCache(t *testing.T) {
+	if defaultWireCacheCapacity != wirecache.DefaultCapacity || defaultWireCacheMaxMemory != wirecache.DefaultMaxMemory ||
+		wireCacheMaxEntryBytes != wirecache.MinMaxMemory {
+		t.Errorf("Check assumes capacity %d, max_memory %d, entries of at most %d bytes; wirecache has %d, %d, %d",
+			defaultWireCacheCapacity, defaultWireCacheMaxMemory, wireCacheMaxEntryBytes,
+			wirecache.DefaultCapacity, wirecache.DefaultMaxMemory, wirecache.MinMaxMemory)
+	}
+	for _, s := range []string{"8MiB", "8Mi", "8M", "512KiB", "1G", "1000", "12B"} {
+		n, err := parseSize(s)
+		if err != nil || n <= 0 {
+			t.Errorf("parseSize(%q) = %d, %v", s, n, err)
+		}
+	}
+	for _, s := range []string{"", "MiB", "8MB", "-1", "8 MiB", "9999999999999G"} {
+		if _, err := parseSize(s); err == nil {
+			t.Errorf("parseSize(%q) took it", s)
+		}
 	}
 }
 

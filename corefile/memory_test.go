@@ -19,8 +19,8 @@ func BenchmarkCacheEntryMemory(b *testing.B) {
 		{"success", ".my-namespace.svc.cluster.local.", ""},
 		{"denial", ".my-namespace.nx.cluster.local.", ""},
 		// The same with wirecache in front: the difference is what a wirecache entry adds.
-		{"success+wirecache", ".my-namespace.svc.cluster.local.", "wirecache {\n        capacity 1000000\n    }"},
-		{"denial+wirecache", ".my-namespace.nx.cluster.local.", "wirecache {\n        capacity 1000000\n    }"},
+		{"success+wirecache", ".my-namespace.svc.cluster.local.", "wirecache {\n        capacity 1000000\n        max_memory 1GiB\n    }"},
+		{"denial+wirecache", ".my-namespace.nx.cluster.local.", "wirecache {\n        capacity 1000000\n        max_memory 1GiB\n    }"},
 	} {
 		b.Run(kind.name, func(b *testing.B) {
 			upstream := fakeUpstream(b, answerEverything)

@@ -2,7 +2,10 @@ package wirecache
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/coredns/coredns/core/dnsserver"
@@ -115,4 +118,67 @@ func BenchmarkHitParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkEntryMemory stores answers of a cluster's usual shapes and of a large one, and reports the heap
+// an entry takes (after a collection) next to what the store counts against max_memory for it; entryOverhead
+// comes from it. Run it with:
+//
+//	go test ./plugin/wirecache -run '^$' -bench EntryMemory -benchtime 1x
+func BenchmarkEntryMemory(b *testing.B) {
+	for _, shape := range []struct {
+		name   string
+		qtype  uint16
+		answer func(name string) []dns.RR
+	}{
+		{"A", dns.TypeA, func(name string) []dns.RR {
+			return []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.IPv4(10, 96, 3, 7)}}
+		}},
+		{"NXDOMAIN", dns.TypeA, nil},
+		{"TXTx20", dns.TypeTXT, func(name string) []dns.RR {
+			txt := make([]dns.RR, 20)
+			for i := range txt {
+				txt[i] = &dns.TXT{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 600},
+					Txt: []string{fmt.Sprintf("%02d-%s", i, strings.Repeat("x", 90))}}
+			}
+			return txt
+		}},
+	} {
+		b.Run(shape.name, func(b *testing.B) {
+			const entries = 20000
+			wc := New()
+			wc.Capacity, wc.MaxMemory = 4*entries, 1<<40 // room in every shard
+			wc.prepare()
+			z := testZone(b)
+			wc.Next = &chain{zone: z, modify: func(m *dns.Msg) {
+				if shape.answer != nil {
+					m.Rcode, m.Ns, m.Answer = dns.RcodeSuccess, nil, shape.answer(m.Question[0].Name)
+				}
+			}}
+			ctx := context.Background()
+			base := &discardWriter{remote: &net.UDPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 40212}}
+			queries := make([]*dns.Msg, entries)
+			for i := range queries {
+				queries[i] = newQuery(fmt.Sprintf("service-%05d.my-namespace.svc.cluster.local.", i), shape.qtype, 1232, false)
+			}
+			var before, after runtime.MemStats
+			for b.Loop() {
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				for _, r := range queries {
+					if _, err := wc.ServeDNS(ctx, request.NewScrubWriter(r, base), r); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+			}
+			if wc.store.len() != entries {
+				b.Fatalf("%d entries stored, want %d", wc.store.len(), entries)
+			}
+			b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/entries, "heap-bytes/entry")
+			b.ReportMetric(float64(wc.store.size())/entries, "counted-bytes/entry")
+			runtime.KeepAlive(queries)
+		})
+	}
 }

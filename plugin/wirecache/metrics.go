@@ -31,6 +31,12 @@ var (
 		Name:      "entries",
 		Help:      "The number of answers wirecache holds.",
 	}, []string{"server"})
+	bytesGauge = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "bytes",
+		Help:      "The memory wirecache's answers hold, in bytes, as counted against max_memory.",
+	}, []string{"server"})
 )
 
 // serverMetrics are one server's metrics, resolved from their label once.
@@ -39,6 +45,13 @@ type serverMetrics struct {
 	hits    prometheus.Counter
 	misses  prometheus.Counter
 	entries prometheus.Gauge
+	bytes   prometheus.Gauge
+}
+
+// held publishes what s holds.
+func (m *serverMetrics) held(s *store) {
+	m.entries.Set(float64(s.len()))
+	m.bytes.Set(float64(s.size()))
 }
 
 // serverMetricsSet finds a server's metrics without a label lookup: a server block has one or a few servers
@@ -73,6 +86,7 @@ func (s *serverMetricsSet) forServer(ctx context.Context) *serverMetrics {
 		hits:    hitsTotal.WithLabelValues(addr),
 		misses:  missesTotal.WithLabelValues(addr),
 		entries: entriesGauge.WithLabelValues(addr),
+		bytes:   bytesGauge.WithLabelValues(addr),
 	}
 	list = append(slices.Clip(list), m)
 	s.list.Store(&list)

@@ -127,6 +127,18 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.Errf("capacity must be a positive number of entries, got %q", args[0])
 				}
 				wc.Capacity = capacity
+			case "max_memory":
+				if len(args) != 1 {
+					return nil, c.ArgErr()
+				}
+				n, err := parseBytes(args[0])
+				if err != nil {
+					return nil, c.Errf("max_memory: %v", err)
+				}
+				if n < MinMaxMemory {
+					return nil, c.Errf("max_memory %s is below %d bytes, the room one answer of the largest size stored takes", args[0], MinMaxMemory)
+				}
+				wc.MaxMemory = n
 			case "ttl":
 				if len(args) != 2 {
 					return nil, c.ArgErr()
@@ -162,4 +174,33 @@ func parseSeconds(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a number of seconds from 0 to %d", s, maxTTL)
 	}
 	return time.Duration(n) * time.Second, nil
+}
+
+// byteUnits are the suffixes max_memory takes, in Kubernetes' spelling and with a B; all are powers of 1024.
+var byteUnits = []struct {
+	suffixes []string
+	shift    uint
+}{
+	{[]string{"GiB", "Gi", "G"}, 30},
+	{[]string{"MiB", "Mi", "M"}, 20},
+	{[]string{"KiB", "Ki", "K"}, 10},
+	{[]string{"B", ""}, 0},
+}
+
+// parseBytes reads a size such as 8MiB, 512Ki or 65536.
+func parseBytes(s string) (int64, error) {
+	for _, u := range byteUnits {
+		for _, suffix := range u.suffixes {
+			digits, ok := strings.CutSuffix(s, suffix)
+			if !ok || digits == "" {
+				continue
+			}
+			n, err := strconv.ParseInt(digits, 10, 64)
+			if err != nil || n < 0 || n > math.MaxInt64>>u.shift {
+				return 0, fmt.Errorf("%q is not a size (bytes, or a number with KiB, MiB or GiB)", s)
+			}
+			return n << u.shift, nil
+		}
+	}
+	return 0, fmt.Errorf("%q is not a size (bytes, or a number with KiB, MiB or GiB)", s)
 }

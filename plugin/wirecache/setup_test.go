@@ -22,6 +22,7 @@ func TestSetup(t *testing.T) {
 		wantErr  string
 		zones    []string
 		capacity int
+		memory   int64
 		min, max time.Duration
 		allZones bool
 	}{
@@ -30,6 +31,16 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache example.org example.net", zones: []string{"example.org.", "example.net."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
 		{input: "wirecache {\n capacity 50\n ttl 5 30\n}", zones: []string{"."}, capacity: 50, min: 5 * time.Second, max: 30 * time.Second, allZones: true},
 		{input: "wirecache {\n ttl 0 1\n}", zones: []string{"."}, capacity: DefaultCapacity, max: time.Second, allZones: true},
+		{input: "wirecache {\n max_memory 64MiB\n}", zones: []string{"."}, capacity: DefaultCapacity, memory: 64 << 20, max: DefaultMaxTTL, allZones: true},
+		{input: "wirecache {\n max_memory 512Ki\n}", zones: []string{"."}, capacity: DefaultCapacity, memory: 512 << 10, max: DefaultMaxTTL, allZones: true},
+		{input: "wirecache {\n max_memory 1G\n}", zones: []string{"."}, capacity: DefaultCapacity, memory: 1 << 30, max: DefaultMaxTTL, allZones: true},
+		{input: "wirecache {\n max_memory 1000000\n}", zones: []string{"."}, capacity: DefaultCapacity, memory: 1000000, max: DefaultMaxTTL, allZones: true},
+		{input: "wirecache {\n max_memory 4KiB\n}", wantErr: "below"},
+		{input: "wirecache {\n max_memory 8 MiB\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n max_memory -1MiB\n}", wantErr: "not a size"},
+		{input: "wirecache {\n max_memory 8MB\n}", wantErr: "not a size"},
+		{input: "wirecache {\n max_memory 9999999999G\n}", wantErr: "not a size"},
+		{input: "wirecache {\n max_memory MiB\n}", wantErr: "not a size"},
 		{input: "wirecache {\n capacity 0\n}", wantErr: "capacity must be a positive"},
 		{input: "wirecache {\n capacity -3\n}", wantErr: "capacity must be a positive"},
 		{input: "wirecache {\n capacity ten\n}", wantErr: "capacity must be a positive"},
@@ -62,8 +73,11 @@ func TestSetup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(wc.Zones, tc.zones) || wc.Capacity != tc.capacity || wc.MinTTL != tc.min || wc.MaxTTL != tc.max {
-				t.Errorf("got zones %v capacity %d ttl %v..%v", wc.Zones, wc.Capacity, wc.MinTTL, wc.MaxTTL)
+			if tc.memory == 0 {
+				tc.memory = DefaultMaxMemory
+			}
+			if !slices.Equal(wc.Zones, tc.zones) || wc.Capacity != tc.capacity || wc.MaxMemory != tc.memory || wc.MinTTL != tc.min || wc.MaxTTL != tc.max {
+				t.Errorf("got zones %v capacity %d max_memory %d ttl %v..%v", wc.Zones, wc.Capacity, wc.MaxMemory, wc.MinTTL, wc.MaxTTL)
 			}
 			if wc.allZones != tc.allZones {
 				t.Errorf("allZones %v, want %v", wc.allZones, tc.allZones)

@@ -10,37 +10,46 @@ import (
 // maxShards bounds the number of shards; each has its own lock so concurrent hits rarely contend.
 const maxShards = 64
 
-// store holds at most capacity entries in shards of fixed size. When a shard is full, an expired entry
-// is evicted if one is found among the first few looked at, otherwise a random one.
+// store holds at most capacity entries and maxBytes bytes of them (entry.bytes), in shards that each get an
+// equal share of both. When a new entry does not fit its shard, entries are evicted until it does: each time
+// an expired one if one is found among the first few looked at, otherwise a random one.
 type store struct {
 	seed   maphash.Seed
 	mask   uint64
 	shards []shard
 	count  atomic.Int64
+	bytes  atomic.Int64
 }
 
 type shard struct {
-	mu    sync.RWMutex
-	items map[uint64]*entry
-	limit int
+	mu        sync.RWMutex
+	items     map[uint64]*entry
+	limit     int   // entries
+	byteLimit int64 // sum of entry.bytes
+	bytes     int64
 }
 
 // evictionProbes is how many entries of a full shard are looked at for an expired one.
 const evictionProbes = 4
 
-func newStore(capacity int) *store {
+// newStore splits capacity and maxBytes over up to maxShards shards: fewer when capacity is small, or when
+// maxBytes could not give every shard room for the largest entry, so that any storable answer fits a shard.
+func newStore(capacity int, maxBytes int64) *store {
 	n := 1
-	for n*2 <= min(capacity, maxShards) {
+	for n*2 <= min(capacity, maxShards) && int64(n*2)*maxEntryBytes <= maxBytes {
 		n *= 2
 	}
 	s := &store{seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n)}
 	for i := range s.shards {
-		// Spread capacity exactly: the first capacity%n shards hold one more.
-		limit := capacity / n
+		// Spread both limits exactly: the first capacity%n (maxBytes%n) shards get one more.
+		limit, byteLimit := capacity/n, maxBytes/int64(n)
 		if i < capacity%n {
 			limit++
 		}
-		s.shards[i] = shard{items: make(map[uint64]*entry), limit: limit}
+		if int64(i) < maxBytes%int64(n) {
+			byteLimit++
+		}
+		s.shards[i] = shard{items: make(map[uint64]*entry), limit: limit, byteLimit: byteLimit}
 	}
 	return s
 }
@@ -60,16 +69,19 @@ func (s *store) get(h uint64, key []byte) *entry {
 	return e
 }
 
-// add stores e under hash h, replacing what was there, and reports whether another entry was evicted.
+// add stores e under hash h, replacing what was there, and reports whether other entries were evicted to
+// make room. An entry larger than a shard's share of the bytes is not stored.
 func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 	sh := &s.shards[h&s.mask]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.items[h]; ok {
-		sh.items[h] = e
+	if e.bytes > sh.byteLimit {
 		return false
 	}
-	if len(sh.items) >= sh.limit {
+	if old, ok := sh.items[h]; ok {
+		s.drop(sh, h, old)
+	}
+	for len(sh.items) >= sh.limit || sh.bytes+e.bytes > sh.byteLimit {
 		victim, probes := uint64(0), 0
 		for k, old := range sh.items { // map iteration starts at a random entry
 			victim = k
@@ -78,13 +90,22 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 				break
 			}
 		}
-		delete(sh.items, victim)
-		s.count.Add(-1)
+		s.drop(sh, victim, sh.items[victim])
 		evicted = true
 	}
 	sh.items[h] = e
+	sh.bytes += e.bytes
 	s.count.Add(1)
+	s.bytes.Add(e.bytes)
 	return evicted
+}
+
+// drop deletes e, held under h in sh; sh.mu is held.
+func (s *store) drop(sh *shard, h uint64, e *entry) {
+	delete(sh.items, h)
+	sh.bytes -= e.bytes
+	s.count.Add(-1)
+	s.bytes.Add(-e.bytes)
 }
 
 // remove deletes the entry under h if it is still e, so a fresher entry stored meanwhile survives.
@@ -92,11 +113,13 @@ func (s *store) remove(h uint64, e *entry) {
 	sh := &s.shards[h&s.mask]
 	sh.mu.Lock()
 	if sh.items[h] == e {
-		delete(sh.items, h)
-		s.count.Add(-1)
+		s.drop(sh, h, e)
 	}
 	sh.mu.Unlock()
 }
 
 // len returns the number of entries held, expired ones included until they are replaced or evicted.
 func (s *store) len() int { return int(s.count.Load()) }
+
+// size returns the bytes the entries held account for (entry.bytes).
+func (s *store) size() int64 { return s.bytes.Load() }

@@ -20,22 +20,29 @@ import (
 
 const pluginName = "wirecache"
 
-// Defaults: the cache plugin's capacity, and entries served no longer than their TTLs and at most an hour.
+// Defaults: the cache plugin's capacity, a memory budget that 10000 usual answers (about 400 bytes each) stay
+// well inside, and entries served no longer than their TTLs and at most an hour.
 const (
-	DefaultCapacity = 10000
-	DefaultMinTTL   = 0
-	DefaultMaxTTL   = time.Hour
+	DefaultCapacity  = 10000
+	DefaultMaxMemory = 8 << 20
+	DefaultMinTTL    = 0
+	DefaultMaxTTL    = time.Hour
 )
+
+// MinMaxMemory is the smallest memory budget: room for one entry of the largest size stored.
+const MinMaxMemory = maxEntryBytes
 
 // WireCache is a plugin that serves repeated queries from answers stored in wire format.
 type WireCache struct {
 	Next  plugin.Handler
 	Zones []string
 
-	// Capacity is the most entries held; MinTTL and MaxTTL bound how long one is served.
-	Capacity int
-	MinTTL   time.Duration
-	MaxTTL   time.Duration
+	// Capacity is the most entries held and MaxMemory the most bytes they may hold (heap, as the store
+	// counts it); MinTTL and MaxTTL bound how long one is served.
+	Capacity  int
+	MaxMemory int64
+	MinTTL    time.Duration
+	MaxTTL    time.Duration
 
 	// stepAside, set at startup when the server block has a plugin that must see every query, turns
 	// wirecache into a pass-through.
@@ -53,7 +60,7 @@ type WireCache struct {
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
 func New() *WireCache {
-	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now}
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now}
 	wc.buffers.New = func() any {
 		b := make([]byte, 0, maxEntryWire+optLen)
 		return &b
@@ -62,10 +69,10 @@ func New() *WireCache {
 	return wc
 }
 
-// prepare applies Zones and Capacity; parse calls it again once the Corefile has set them.
+// prepare applies Zones, Capacity and MaxMemory; parse calls it again once the Corefile has set them.
 func (wc *WireCache) prepare() {
 	wc.allZones = len(wc.Zones) == 1 && wc.Zones[0] == "."
-	wc.store = newStore(wc.Capacity)
+	wc.store = newStore(wc.Capacity, wc.MaxMemory)
 }
 
 // Name implements the plugin.Handler interface.
@@ -92,7 +99,7 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	if e := wc.store.get(h, key[:n]); e != nil {
 		if !now.Before(e.expires) {
 			wc.store.remove(h, e)
-			m.entries.Set(float64(wc.store.len()))
+			m.held(wc.store)
 		} else if served, err := wc.serveHit(w, e, &q, now, m); served {
 			return dns.RcodeSuccess, err
 		} else {
@@ -170,7 +177,7 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 			e.ttlFloor = r.wc.ttlFloor(m)
 			r.entry = e
 			r.wc.store.add(r.hash, e, r.now)
-			r.metrics.entries.Set(float64(r.wc.store.len()))
+			r.metrics.held(r.wc.store)
 		}
 	}
 	if err := r.ResponseWriter.WriteMsg(m); err != nil {
@@ -211,7 +218,7 @@ func (r *recorder) forget() {
 		return
 	}
 	r.wc.store.remove(r.hash, r.entry)
-	r.metrics.entries.Set(float64(r.wc.store.len()))
+	r.metrics.held(r.wc.store)
 	r.entry = nil
 }
 

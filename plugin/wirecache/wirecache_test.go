@@ -3,6 +3,7 @@ package wirecache
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"testing"
@@ -265,6 +266,31 @@ func TestCapacity(t *testing.T) {
 		if n := f.wc.store.len(); n > 2 {
 			t.Fatalf("%d entries, capacity 2", n)
 		}
+	}
+}
+
+// TestMaxMemory fills a cache whose entry count would allow far more with large answers: the bytes held stay
+// within max_memory, and the bytes gauge shows them.
+func TestMaxMemory(t *testing.T) {
+	f := newFixture(t)
+	f.wc.MaxMemory = 4 * maxEntryBytes
+	f.wc.prepare()
+	f.chain.modify = func(m *dns.Msg) {
+		// Every name has twenty TXT records, about 2300 bytes.
+		m.Rcode, m.Ns = dns.RcodeSuccess, nil
+		m.Answer = bigTXT(t, m.Question[0].Name, 20)
+	}
+	for i := range 200 {
+		f.ask(newQuery(fmt.Sprintf("name-%d.example.org.", i), dns.TypeTXT, 4096, false), udp4Client)
+		if got := f.wc.store.size(); got > f.wc.MaxMemory {
+			t.Fatalf("after %d answers: %d bytes held, max_memory %d", i+1, got, f.wc.MaxMemory)
+		}
+	}
+	if n := f.wc.store.len(); n < 4 || n >= 200 {
+		t.Errorf("%d entries held, want some but not all 200", n)
+	}
+	if got := value(bytesGauge.WithLabelValues("")); got != float64(f.wc.store.size()) {
+		t.Errorf("bytes gauge %.0f, store holds %d", got, f.wc.store.size())
 	}
 }
 
