@@ -232,7 +232,7 @@ func (c *checker) listeners(b *Block) {
 			if err != nil && addr != "" {
 				if strings.Count(addr, ":") > 1 && !strings.HasPrefix(addr, "[") {
 					c.add(d.Line, HazardIPv6Port, fmt.Sprintf("%s %s: an IPv6 address with a port needs brackets; "+
-						"CoreDNS refuses to start", name, addr), fmt.Sprintf("write %s", bracketHint(addr)))
+						"CoreDNS refuses to start", name, addr), "write "+bracketHint(addr))
 				}
 				continue
 			}

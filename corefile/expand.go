@@ -224,8 +224,8 @@ func substituteToken(t string, e Expansion) ([]string, error) {
 		return v, nil
 	}
 	for _, name := range slices.Sorted(maps.Keys(values)) {
-		at := strings.Index(t, name)
-		if at < 0 {
+		before, after, ok := strings.Cut(t, name)
+		if !ok {
 			continue
 		}
 		v := values[name]
@@ -233,11 +233,11 @@ func substituteToken(t string, e Expansion) ([]string, error) {
 			continue
 		}
 		first := v[0]
-		rest := t[at+len(name):]
+		rest := after
 		if ip, err := netip.ParseAddr(first); err == nil && ip.Is6() && strings.HasPrefix(rest, ":") {
 			first = "[" + first + "]"
 		}
-		return substituteToken(t[:at]+first+rest, e)
+		return substituteToken(before+first+rest, e)
 	}
 	return []string{t}, nil
 }

@@ -2,6 +2,7 @@ package corefile
 
 import (
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -50,12 +51,7 @@ var setupServerType = sync.OnceValue(func() error {
 
 // registeredPlugin reports whether this test binary compiled in the plugin behind a directive.
 func registeredPlugin(name string) bool {
-	for _, p := range caddy.ListPlugins()["others"] {
-		if p == "dns."+name {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(caddy.ListPlugins()["others"], "dns."+name)
 }
 
 // startCoreDNS starts a CoreDNS instance on corefile and stops it when the test ends.

@@ -210,7 +210,7 @@ func TestDropInWatch(t *testing.T) {
 	// The base Corefile (the node-local-dns ConfigMap) is watched too.
 	base, _ := os.ReadFile(fx.d.Base)
 	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
-	writeFile(t, fx.d.Base, string(bytes.Replace(base, []byte("cache 30"), []byte("cache 15"), -1)))
+	writeFile(t, fx.d.Base, string(bytes.ReplaceAll(base, []byte("cache 30"), []byte("cache 15"))))
 	waitFor(t, func() bool { return fx.reloads.Load() == 2 })
 	if !strings.Contains(fx.output(t), "cache 15") {
 		t.Errorf("base change not applied:\n%s", fx.output(t))

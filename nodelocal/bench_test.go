@@ -71,7 +71,7 @@ func BenchmarkSync(b *testing.B) {
 							}
 							took := make([]time.Duration, b.N)
 							cpuStart := cpuTime(b)
-							for i := 0; i < b.N; i++ {
+							for i := range b.N {
 								start := time.Now()
 								if err := r.Ensure(ctx); err != nil {
 									b.Fatal(err)

@@ -115,10 +115,8 @@ func (c Claim) normalize() (Claim, error) {
 		c.DNSPort = DefaultDNSPort
 	}
 	ports := slices.Clone(c.ExtraTCPPorts)
-	for _, p := range ports {
-		if p == 0 {
-			return c, errors.New("extra TCP port 0")
-		}
+	if slices.Contains(ports, 0) {
+		return c, errors.New("extra TCP port 0")
 	}
 	slices.Sort(ports)
 	c.ExtraTCPPorts = slices.Compact(ports)

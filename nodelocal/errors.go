@@ -2,6 +2,7 @@ package nodelocal
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
@@ -46,8 +47,7 @@ var ErrReleased = errors.New("nodelocal: lease is released")
 
 // KindOf returns the Kind of the first *Error in err's tree, or "" when there is none.
 func KindOf(err error) Kind {
-	var e *Error
-	if errors.As(err, &e) {
+	if e, ok := errors.AsType[*Error](err); ok {
 		return e.Kind
 	}
 	return ""
@@ -63,10 +63,8 @@ func Kinds(err error) []Kind {
 			return
 		}
 		if e, ok := err.(*Error); ok {
-			for _, k := range kinds {
-				if k == e.Kind {
-					return
-				}
+			if slices.Contains(kinds, e.Kind) {
+				return
 			}
 			kinds = append(kinds, e.Kind)
 			return

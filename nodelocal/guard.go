@@ -445,13 +445,11 @@ func (g *Guard) probeAll(ctx context.Context) error {
 	errs := make([]error, len(g.cfg.Addresses))
 	var wg sync.WaitGroup
 	for i, a := range g.cfg.Addresses {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			pctx, cancel := context.WithTimeout(ctx, g.cfg.ProbeTimeout)
 			defer cancel()
 			errs[i] = g.probe(pctx, netip.AddrPortFrom(a, g.cfg.DNSPort))
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -25,7 +25,7 @@ var (
 // fakeCache stands in for the cache's DNS server: its probe answers while alive is set.
 type fakeCache struct{ alive atomic.Bool }
 
-func (f *fakeCache) probe(ctx context.Context, server netip.AddrPort) error {
+func (f *fakeCache) probe(context.Context, netip.AddrPort) error {
 	if f.alive.Load() {
 		return nil
 	}

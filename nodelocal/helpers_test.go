@@ -3,7 +3,6 @@ package nodelocal
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -225,24 +224,6 @@ func (e *env) expectRules(eps []rules.Endpoint) {
 	}
 }
 
-// expectLink checks that the link exists, is up and holds addrs (among possibly others).
-func (e *env) expectLink(name string, addrs ...netip.Addr) {
-	e.t.Helper()
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		e.t.Fatalf("link %s: %v", name, err)
-	}
-	if l.Attrs().Flags&net.FlagUp == 0 {
-		e.t.Errorf("link %s is down", name)
-	}
-	have := linkAddrs(e.t, l)
-	for _, a := range addrs {
-		if !slices.Contains(have, a) {
-			e.t.Errorf("link %s lacks %s (holds %v)", name, a, have)
-		}
-	}
-}
-
 // expectLinkAddrs checks the link holds exactly addrs, IPv6 link-local addresses aside.
 func (e *env) expectLinkAddrs(name string, addrs ...netip.Addr) {
 	e.t.Helper()
@@ -303,25 +284,25 @@ func foreignPayload(fam rules.Family, n int, tables []rules.Table, remove bool) 
 		fmt.Fprintf(&b, "*%s\n", table)
 		if remove {
 			for _, h := range foreignHooks[table] {
-				for c := 0; c < chains; c++ {
+				for c := range chains {
 					fmt.Fprintf(&b, "-D %s -m comment --comment \"foreign jump\" -j KUBE-FOREIGN-%d\n", h, c)
 				}
 			}
-			for c := 0; c < chains; c++ {
+			for c := range chains {
 				fmt.Fprintf(&b, "-F KUBE-FOREIGN-%d\n-X KUBE-FOREIGN-%d\n", c, c)
 			}
 			b.WriteString("COMMIT\n")
 			continue
 		}
-		for c := 0; c < chains; c++ {
+		for c := range chains {
 			fmt.Fprintf(&b, ":KUBE-FOREIGN-%d - [0:0]\n", c)
 		}
 		for _, h := range foreignHooks[table] {
-			for c := 0; c < chains; c++ {
+			for c := range chains {
 				fmt.Fprintf(&b, "-A %s -m comment --comment \"foreign jump\" -j KUBE-FOREIGN-%d\n", h, c)
 			}
 		}
-		for i := 0; i < n; i++ {
+		for i := range n {
 			dst := fmt.Sprintf("10.%d.%d.%d/32", (i>>16)&255, (i>>8)&255, i&255)
 			if fam == rules.IPv6 {
 				dst = fmt.Sprintf("fd10::%x/128", i)

@@ -114,15 +114,15 @@ func (c PreflightConfig) withDefaults() PreflightConfig {
 func Preflight(ctx context.Context, cfg PreflightConfig) []Finding {
 	cfg = cfg.withDefaults()
 	st := readNodeState(ctx, cfg)
-	var fs []Finding
-	fs = append(fs, checkKubeProxyMode(cfg, st)...)
-	fs = append(fs, checkAddressesInUse(cfg, st)...)
-	fs = append(fs, checkBackend(cfg, st)...)
-	fs = append(fs, checkForeignCache(cfg, st)...)
-	fs = append(fs, checkResolvConf(cfg)...)
-	fs = append(fs, checkCapabilities(cfg)...)
-	fs = append(fs, checkXtablesLock(cfg, st)...)
-	return fs
+	return slices.Concat(
+		checkKubeProxyMode(cfg, st),
+		checkAddressesInUse(cfg, st),
+		checkBackend(cfg, st),
+		checkForeignCache(cfg, st),
+		checkResolvConf(cfg),
+		checkCapabilities(cfg),
+		checkXtablesLock(cfg, st),
+	)
 }
 
 // nodeState is what the checks read from the node, read once.
@@ -147,7 +147,7 @@ type routeInfo struct {
 	link string
 }
 
-func readNodeState(ctx context.Context, cfg PreflightConfig) nodeState {
+func readNodeState(ctx context.Context, _ PreflightConfig) nodeState {
 	st := nodeState{links: map[string]linkInfo{}, saves: map[rules.Mode][]byte{}}
 	names := map[int]string{}
 	links, err := netlink.LinkList()
@@ -280,7 +280,7 @@ func yamlList(data []byte, key string) []string {
 		if rest, ok := strings.CutPrefix(line, key+":"); ok {
 			rest = strings.TrimSpace(rest)
 			if strings.HasPrefix(rest, "[") {
-				for _, f := range strings.Split(strings.Trim(rest, "[]"), ",") {
+				for f := range strings.SplitSeq(strings.Trim(rest, "[]"), ",") {
 					if f = strings.Trim(strings.TrimSpace(f), `"'`); f != "" {
 						out = append(out, f)
 					}
@@ -459,7 +459,7 @@ func checkXtablesLock(cfg PreflightConfig, st nodeState) []Finding {
 	if err == nil && fi.Mode().IsRegular() {
 		return []Finding{{Check: check, Severity: SeverityOK, Message: cfg.XtablesLock + " exists"}}
 	}
-	msg := fmt.Sprintf("%s is missing or not a file", cfg.XtablesLock)
+	msg := cfg.XtablesLock + " is missing or not a file"
 	fix := "mount the host's " + DefaultXtablesLock + " (hostPath, type FileOrCreate): without it iptables-legacy in the container and kube-proxy do not exclude each other"
 	mode, _ := rules.ParseMode(cfg.Backend)
 	legacy := mode == rules.Legacy || (mode == rules.Auto && kubeChainLine.Match(st.saves[rules.Legacy]) && !kubeChainLine.Match(st.saves[rules.NFT]))

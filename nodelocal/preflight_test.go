@@ -82,7 +82,7 @@ func TestPreflightOnAHealthyNode(t *testing.T) {
 }
 
 func TestPreflightKubeProxyModes(t *testing.T) {
-	inNamespaceNFT(t, func(t *testing.T, e *env) {
+	inNamespaceNFT(t, func(t *testing.T, _ *env) {
 		ctx := context.Background()
 		cfg := preflightFiles(t)
 		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "no kube-proxy rules")
@@ -109,7 +109,7 @@ func TestPreflightKubeProxyModes(t *testing.T) {
 }
 
 func TestPreflightAddressesInUse(t *testing.T) {
-	inNamespaceNFT(t, func(t *testing.T, e *env) {
+	inNamespaceNFT(t, func(t *testing.T, _ *env) {
 		ctx := context.Background()
 		cfg := preflightFiles(t)
 		run(t, "ip", "link", "add", "other0", "type", "bridge")
@@ -149,7 +149,7 @@ func TestPreflightForeignCache(t *testing.T) {
 }
 
 func TestPreflightFiles(t *testing.T) {
-	inNamespaceNFT(t, func(t *testing.T, e *env) {
+	inNamespaceNFT(t, func(t *testing.T, _ *env) {
 		ctx := context.Background()
 		cfg := preflightFiles(t)
 		write(t, cfg.ResolvConf, "nameserver 192.0.2.53\nnameserver 169.254.20.10\n")

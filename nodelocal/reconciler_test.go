@@ -51,7 +51,7 @@ func TestResyncIsIdempotent(t *testing.T) {
 		r := e.reconciler()
 		e.acquire(r, dualStack)
 		after1 := e.tables()
-		for i := 0; i < 100; i++ {
+		for i := range 100 {
 			if err := r.Ensure(context.Background()); err != nil {
 				t.Fatalf("sync %d: %v", i+2, err)
 			}
@@ -113,7 +113,7 @@ func TestTeardownTwice(t *testing.T) {
 		foreign := e.ruleCount()
 		r := e.reconciler()
 		lease := e.acquire(r, dualStack)
-		for i := 0; i < 2; i++ {
+		for i := range 2 {
 			if err := r.Teardown(context.Background()); err != nil {
 				t.Fatalf("teardown %d: %v", i+1, err)
 			}
@@ -308,13 +308,11 @@ func TestConcurrentEnsure(t *testing.T) {
 		start := make(chan struct{})
 		errs := make(chan error, 8)
 		var wg sync.WaitGroup
-		for i := 0; i < 8; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+		for range 8 {
+			wg.Go(func() {
 				<-start
 				errs <- r.Ensure(context.Background())
-			}()
+			})
 		}
 		close(start)
 		wg.Wait()
@@ -339,12 +337,10 @@ func TestConcurrentLeases(t *testing.T) {
 			leases []*Lease
 			addrs  []netip.Addr
 		)
-		for i := 0; i < 8; i++ {
+		for i := range 8 {
 			a := netip.AddrFrom4([4]byte{169, 254, 20, byte(10 + i)})
 			addrs = append(addrs, a)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				l, err := r.Acquire(context.Background(), Claim{Addresses: []netip.Addr{a, addrV6}, DeferRules: true})
 				if err != nil {
 					t.Error(err)
@@ -356,19 +352,17 @@ func TestConcurrentLeases(t *testing.T) {
 				mu.Lock()
 				leases = append(leases, l)
 				mu.Unlock()
-			}()
+			})
 		}
 		wg.Wait()
 		e.expectLinkAddrs(DefaultInterface, append(addrs, addrV6)...)
 		e.expectRules(rules.Endpoints(append(addrs, addrV6), 53, nil))
 		for _, l := range leases {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				if err := l.Release(context.Background()); err != nil {
 					t.Error(err)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		e.expectNoLink(DefaultInterface)

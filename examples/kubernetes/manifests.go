@@ -125,7 +125,7 @@ func Decode(data []byte) (*Objects, error) {
 
 // isEmpty reports whether a YAML document has nothing but comments and blank lines.
 func isEmpty(doc []byte) bool {
-	for _, line := range bytes.Split(doc, []byte("\n")) {
+	for line := range bytes.SplitSeq(doc, []byte("\n")) {
 		line = bytes.TrimSpace(line)
 		if len(line) > 0 && line[0] != '#' {
 			return false

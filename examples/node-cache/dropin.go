@@ -81,7 +81,7 @@ func serveMetrics(ctx context.Context, addr string) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.Handler())
-	srv := &http.Server{Handler: mux}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			clog.Errorf("[node-cache] metrics listener %s: %v", addr, err)

@@ -68,7 +68,7 @@ func TestUpstreamManifestOnSimulatedNode(t *testing.T) {
 	// kube-proxy's DNAT answers 10.96.0.10 before the cache exists, so an answer proves nothing: the rules
 	// are in place once notrack says so, and only then do Pod lookups stop at the node.
 	rulesInPlace := func() bool {
-		for _, line := range strings.Split(cache.Output(), "\n") {
+		for line := range strings.SplitSeq(cache.Output(), "\n") {
 			if strings.Contains(line, "plugin/notrack: rules in place for") &&
 				strings.Contains(line, simnode.LinkLocalIP+":53") && strings.Contains(line, simnode.KubeDNSClusterIP+":53") {
 				return true

@@ -44,8 +44,7 @@ func TestRunDropIn(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := t.Context()
 	metrics := freeLoopbackAddr(t)
 	known := []string{"errors", "wirecache", "clamp", "cache", "reload", "loop", "bind", "notrack", "upstreamsvc", "forward",
 		"prometheus", "health", "ready"}

@@ -118,7 +118,7 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 
 	var errs []error
 	var localIPs []netip.Addr
-	for _, s := range strings.Split(f.localIP, ",") {
+	for s := range strings.SplitSeq(f.localIP, ",") {
 		ip, err := netip.ParseAddr(strings.TrimSpace(s))
 		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
 			errs = append(errs, fmt.Errorf("-localip: %q is not a unicast IP address", s))

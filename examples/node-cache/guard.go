@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
@@ -119,7 +120,7 @@ func serviceHostVar(service string) string {
 
 func parseIPList(s string) ([]netip.Addr, error) {
 	var out []netip.Addr
-	for _, f := range strings.Split(s, ",") {
+	for f := range strings.SplitSeq(s, ",") {
 		ip, err := netip.ParseAddr(strings.TrimSpace(f))
 		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
 			return nil, fmt.Errorf("%q is not a unicast IP address", f)
@@ -132,16 +133,15 @@ func parseIPList(s string) ([]netip.Addr, error) {
 // Guard metrics, on a registry of their own: the guard process serves nothing of CoreDNS's.
 func guardMetrics(g *nodelocal.Guard) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: "coredns", Subsystem: "nodecache", Name: "guard_failovers_total",
-			Help: "Times the guard failed the node-local DNS cache open.",
-		}, func() float64 { return float64(g.Failovers()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: "coredns", Subsystem: "nodecache", Name: "guard_state",
-			Help: "0 while the guard watches the cache, 1 while the node has failed open.",
-		}, func() float64 { return float64(g.State()) }),
-	)
+	factory := promauto.With(reg)
+	factory.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "coredns", Subsystem: "nodecache", Name: "guard_failovers_total",
+		Help: "Times the guard failed the node-local DNS cache open.",
+	}, func() float64 { return float64(g.Failovers()) })
+	factory.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "coredns", Subsystem: "nodecache", Name: "guard_state",
+		Help: "0 while the guard watches the cache, 1 while the node has failed open.",
+	}, func() float64 { return float64(g.State()) })
 	return reg
 }
 
@@ -173,7 +173,11 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{}))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(l)
+		go func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Printf("[ERROR] guard metrics listener %s: %v", l.Addr(), err)
+			}
+		}()
 		defer srv.Close()
 	}
 	// The guard leaves the node as it is when it stops: a failed-open node stays failed open until the

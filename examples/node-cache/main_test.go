@@ -58,7 +58,7 @@ func TestImportsAreThePluginCfgPackages(t *testing.T) {
 		t.Fatalf("go list -deps: %v", err)
 	}
 	deps := map[string]bool{}
-	for _, pkg := range strings.Fields(string(out)) {
+	for pkg := range strings.FieldsSeq(string(out)) {
 		deps[pkg] = true
 	}
 	plugins, err := nodelocaldns.Plugins()

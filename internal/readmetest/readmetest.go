@@ -19,7 +19,7 @@ func Examples(t testing.TB, path, directive string, atLeast int) []string {
 	}
 	var examples, open []string
 	inCorefile := false
-	for _, line := range strings.Split(string(readme), "\n") {
+	for line := range strings.SplitSeq(string(readme), "\n") {
 		trimmed := strings.TrimSpace(line)
 		switch {
 		case trimmed == "~~~ corefile":

@@ -185,7 +185,7 @@ func (m *Manager) Ensure(ctx context.Context, want []netip.Addr) (Result, error)
 		delete(m.added, a)
 	}
 	for a, p := range have {
-		if !wanted[a] && !slices.Contains(res.Removed, a) && !(a.Is6() && a.IsLinkLocalUnicast()) {
+		if !wanted[a] && !slices.Contains(res.Removed, a) && (!a.Is6() || !a.IsLinkLocalUnicast()) {
 			res.Foreign = append(res.Foreign, p)
 		}
 	}
@@ -262,8 +262,7 @@ func (m *Manager) lookup(ctx context.Context) (netlink.Link, error) {
 		return err
 	})
 	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
+		if _, ok := errors.AsType[netlink.LinkNotFoundError](err); ok {
 			return nil, nil
 		}
 		return nil, err

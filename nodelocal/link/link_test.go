@@ -258,7 +258,7 @@ func TestForeignAddressesAndLinks(t *testing.T) {
 		t.Errorf("foreign %v", res.Foreign)
 	}
 
-	for i := 0; i < 2; i++ {
+	for i := range 2 {
 		if err := m.Teardown(ctx); err != nil {
 			t.Fatalf("teardown %d: %v", i+1, err)
 		}
@@ -307,7 +307,7 @@ func TestTeardownRemovesLinkLeftByEarlierProcess(t *testing.T) {
 	if res.Created || !res.Owned {
 		t.Errorf("Ensure after restart: %+v", res)
 	}
-	for i := 0; i < 2; i++ {
+	for i := range 2 {
 		if err := later.Teardown(ctx); err != nil {
 			t.Fatalf("teardown %d: %v", i+1, err)
 		}

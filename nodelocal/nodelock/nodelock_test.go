@@ -20,8 +20,7 @@ func TestSecondHolderFailsNamingTheFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Acquire(path)
-	var held *HeldError
-	if !errors.As(err, &held) {
+	if _, ok := errors.AsType[*HeldError](err); !ok {
 		t.Fatalf("second Acquire: %v", err)
 	}
 	if want := fmt.Sprintf("pid %d (", os.Getpid()); !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), path) {

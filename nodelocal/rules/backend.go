@@ -100,7 +100,7 @@ func commandPrefix(fam Family) string {
 
 // findTools prefers the commands named after the mode (iptables-nft, iptables-nft-save, ...) and falls back
 // to the plain names when those run in the wanted mode, as on systems that ship one mode only.
-func findTools(r runner, mode Mode, fam Family) (*Tools, error) {
+func findTools(_ runner, mode Mode, fam Family) (*Tools, error) {
 	prefix := commandPrefix(fam)
 	named := [3]string{prefix + "-" + string(mode), prefix + "-" + string(mode) + "-save", prefix + "-" + string(mode) + "-restore"}
 	plain := [3]string{prefix, prefix + "-save", prefix + "-restore"}

@@ -76,8 +76,7 @@ func (execRunner) run(ctx context.Context, stdin []byte, name string, args ...st
 		// Killed because the context ended: report that, not the signal.
 		ce.Err = fmt.Errorf("%w (%v)", cerr, err)
 	} else {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
+		if ee, ok := errors.AsType[*exec.ExitError](err); ok {
 			ce.ExitStatus = ee.ExitCode()
 		}
 	}

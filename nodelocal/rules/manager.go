@@ -238,7 +238,7 @@ type view interface {
 	first(ctx context.Context, t Table, name string) (Rule, error)
 }
 
-func (m *Manager) view(ctx context.Context, fam Family) (view, error) {
+func (m *Manager) view(_ context.Context, fam Family) (view, error) {
 	t, err := m.backend.Tools(fam)
 	if err != nil {
 		return nil, err

@@ -114,7 +114,7 @@ func TestSyncFromScratchThenIdle(t *testing.T) {
 				t.Errorf("%s first sync: %+v", fam, res)
 			}
 			checkInPlace(t, m, rs)
-			for i := 0; i < 3; i++ {
+			for i := range 3 {
 				res, err = m.Sync(ctx, rs)
 				if err != nil {
 					t.Fatal(err)
@@ -235,7 +235,7 @@ func TestDeleteAndRemoveJumps(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkInPlace(t, m, rs)
-			for i := 0; i < 2; i++ {
+			for i := range 2 {
 				if err := m.Delete(ctx, rs); err != nil {
 					t.Fatalf("%s delete %d: %v", fam, i+1, err)
 				}

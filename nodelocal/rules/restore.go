@@ -230,11 +230,11 @@ func parseRules(out []byte, table Table) (TableState, error) {
 // parsing no other chain's rules.
 func chainFromSave(out []byte, table Table, name string) ([]Rule, bool, error) {
 	header := []byte("*" + string(table) + "\n")
-	i := bytes.Index(out, header)
-	if i < 0 {
+	_, after, ok := bytes.Cut(out, header)
+	if !ok {
 		return nil, false, fmt.Errorf("no table %s in the output", table)
 	}
-	section := out[i+len(header):]
+	section := after
 	if end := bytes.Index(section, []byte("\nCOMMIT")); end >= 0 {
 		section = section[:end+1]
 	}

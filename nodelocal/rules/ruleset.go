@@ -186,7 +186,7 @@ func (e Endpoint) String() string {
 // Endpoints lists, for every address, the DNS port over UDP and TCP and each extra port over TCP, sorted and
 // without duplicates.
 func Endpoints(addrs []netip.Addr, dnsPort uint16, extraTCPPorts []uint16) []Endpoint {
-	var eps []Endpoint
+	eps := make([]Endpoint, 0, (2+len(extraTCPPorts))*len(addrs))
 	for _, a := range addrs {
 		a = a.Unmap()
 		eps = append(eps, Endpoint{a, UDP, dnsPort}, Endpoint{a, TCP, dnsPort})

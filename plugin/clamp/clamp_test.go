@@ -42,7 +42,7 @@ func serverCtx(name string) context.Context {
 	return context.WithValue(context.Background(), dnsserver.Key{}, &dnsserver.Server{Addr: "dns://" + name})
 }
 
-func counterValue(t *testing.T, vec *prometheus.CounterVec, ctx context.Context, window string) float64 {
+func counterValue(ctx context.Context, t *testing.T, vec *prometheus.CounterVec, window string) float64 {
 	t.Helper()
 	server := ctx.Value(dnsserver.Key{}).(*dnsserver.Server).Addr
 	m := &dto.Metric{}
@@ -211,10 +211,10 @@ func TestClampResponses(t *testing.T) {
 					t.Errorf("SOA in the answer has MINIMUM %d, want its data 900 kept", soa.Minttl)
 				}
 			}
-			if v := counterValue(t, ttlRaised, ctx, tc.window); v != tc.raised {
+			if v := counterValue(ctx, t, ttlRaised, tc.window); v != tc.raised {
 				t.Errorf("raised counter %v, want %v", v, tc.raised)
 			}
-			if v := counterValue(t, ttlLowered, ctx, tc.window); v != tc.lowered {
+			if v := counterValue(ctx, t, ttlLowered, tc.window); v != tc.lowered {
 				t.Errorf("lowered counter %v, want %v", v, tc.lowered)
 			}
 		})
@@ -236,7 +236,7 @@ func TestRecordsFitNoCopy(t *testing.T) {
 		t.Errorf("a response inside the window was copied")
 	}
 	for _, w := range []string{"success", "denial"} {
-		if counterValue(t, ttlRaised, ctx, w)+counterValue(t, ttlLowered, ctx, w) != 0 {
+		if counterValue(ctx, t, ttlRaised, w)+counterValue(ctx, t, ttlLowered, w) != 0 {
 			t.Errorf("counters moved for %s without a change", w)
 		}
 	}
@@ -348,7 +348,7 @@ func TestTruncated(t *testing.T) {
 	if v := ttls(got.Answer); !slices.Equal(v, []uint32{30, 5}) {
 		t.Errorf("answer TTLs %v, want [30 5]", v)
 	}
-	if counterValue(t, ttlRaised, ctx, "success") != 1 || counterValue(t, ttlLowered, ctx, "success") != 1 {
+	if counterValue(ctx, t, ttlRaised, "success") != 1 || counterValue(ctx, t, ttlLowered, "success") != 1 {
 		t.Errorf("truncated answer not counted")
 	}
 
@@ -381,7 +381,7 @@ func TestErrorsUntouched(t *testing.T) {
 				t.Errorf("%s response TTLs changed: %s", dns.RcodeToString[rcode], got)
 			}
 			for _, w := range []string{"success", "denial"} {
-				if counterValue(t, ttlRaised, ctx, w)+counterValue(t, ttlLowered, ctx, w) != 0 {
+				if counterValue(ctx, t, ttlRaised, w)+counterValue(ctx, t, ttlLowered, w) != 0 {
 					t.Errorf("counters moved for %s", w)
 				}
 			}
@@ -453,7 +453,7 @@ func TestNotQueries(t *testing.T) {
 
 	// Without a question there is no name to match a zone against.
 	c := New()
-	c.Next = test.HandlerFunc(func(_ context.Context, w dns.ResponseWriter, _ *dns.Msg) (int, error) {
+	c.Next = test.HandlerFunc(func(context.Context, dns.ResponseWriter, *dns.Msg) (int, error) {
 		return dns.RcodeFormatError, nil
 	})
 	if _, err := c.ServeDNS(context.Background(), &test.ResponseWriter{}, new(dns.Msg)); err != nil {

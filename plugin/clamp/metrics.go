@@ -1,6 +1,7 @@
 package clamp
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -72,9 +73,7 @@ func (cs *counterSet) get(server string) *serverCounters {
 	}
 	next := make(map[string]*serverCounters, 1)
 	if old != nil {
-		for s, c := range *old {
-			next[s] = c
-		}
+		maps.Copy(next, *old)
 	}
 	next[server] = sc
 	cs.byServer.Store(&next)

@@ -12,7 +12,7 @@ import (
 // BenchmarkServeDNS measures what the probe check costs a query that is not a probe: the handler in front
 // of a next plugin that answers at once, against that plugin alone.
 func BenchmarkServeDNS(b *testing.B) {
-	answer := test.HandlerFunc(func(_ context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	answer := test.HandlerFunc(func(context.Context, dns.ResponseWriter, *dns.Msg) (int, error) {
 		return dns.RcodeSuccess, nil
 	})
 	m := new(dns.Msg)

@@ -131,7 +131,7 @@ func (e *nsEnv) ours() []string {
 			if err != nil {
 				e.t.Fatalf("%s: %v: %s", save, err, out)
 			}
-			for _, l := range strings.Split(string(out), "\n") {
+			for l := range strings.SplitSeq(string(out), "\n") {
 				if strings.Contains(l, "nodelocaldns") || strings.Contains(l, rules.DefaultChain) {
 					if i := strings.Index(l, " ["); strings.HasPrefix(l, ":") && i > 0 {
 						l = l[:i]

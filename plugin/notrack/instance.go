@@ -51,7 +51,7 @@ func (k claimKey) String() string {
 
 func (k claimKey) claim(deferRules bool) nodelocal.Claim {
 	c := nodelocal.Claim{Addresses: []netip.Addr{k.addr}, DNSPort: k.port, DeferRules: deferRules}
-	for _, p := range strings.Split(k.extra, ",") {
+	for p := range strings.SplitSeq(k.extra, ",") {
 		if n, err := strconv.ParseUint(p, 10, 16); err == nil {
 			c.ExtraTCPPorts = append(c.ExtraTCPPorts, uint16(n))
 		}

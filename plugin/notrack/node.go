@@ -592,7 +592,7 @@ func targetFamilies(targets []probeTarget) []netip.Addr {
 func targetList(targets []probeTarget) string {
 	s := make([]string, len(targets))
 	for i, t := range targets {
-		s[i] = t.endpoint.String()
+		s[i] = t.String()
 	}
 	return strings.Join(s, ", ")
 }

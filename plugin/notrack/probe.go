@@ -111,7 +111,7 @@ func probeOnce(ctx context.Context, t probeTarget) error {
 		Timeout: probeTimeout,
 		Dialer:  &net.Dialer{Timeout: probeTimeout, Control: markSocket},
 	}
-	r, _, err := c.ExchangeContext(ctx, m, t.endpoint.String())
+	r, _, err := c.ExchangeContext(ctx, m, t.String())
 	if err != nil {
 		return err
 	}
@@ -323,7 +323,7 @@ func (e *iptablesError) Error() string { return e.cmd + ": " + e.err.Error() + "
 func (e *iptablesError) Unwrap() error { return e.err }
 
 func families(addrs []netip.Addr) []rules.Family {
-	var fams []rules.Family
+	fams := make([]rules.Family, 0, len(addrs))
 	for _, a := range addrs {
 		fams = append(fams, rules.FamilyOf(a))
 	}

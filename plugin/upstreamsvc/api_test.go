@@ -150,9 +150,7 @@ type queryLoad struct {
 func startLoad(server string, workers int, maxQueries int64) *queryLoad {
 	l := &queryLoad{server: server, stop: make(chan struct{})}
 	for w := range workers {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
+		l.wg.Go(func() {
 			c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
 			for i := 0; ; i++ {
 				select {
@@ -176,7 +174,7 @@ func startLoad(server string, workers int, maxQueries int64) *queryLoad {
 					l.bySecnd.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	return l
 }

@@ -235,7 +235,7 @@ func pluginGoroutines() int {
 	buf := make([]byte, 1<<22)
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
 		for _, mark := range []string{
 			"k8s.io/client-go/tools/cache.",
 			"github.com/coredns/coredns/plugin/pkg/proxy.",

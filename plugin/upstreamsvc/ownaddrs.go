@@ -3,6 +3,7 @@ package upstreamsvc
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,12 +66,7 @@ func (o ownListeners) owns(ap netip.AddrPort) bool {
 	if o.wildcard && ip.IsLoopback() {
 		return true
 	}
-	for _, h := range o.hosts {
-		if h == ip {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(o.hosts, ip)
 }
 
 // refuse returns an error when set has an address this server block listens on; what says where
@@ -94,7 +90,7 @@ func (cfg *Config) origin(set upstreamSet) string {
 	case sourceAPI:
 		return fmt.Sprintf("the ClusterIP of Service %s/%s", cfg.Namespace, cfg.Service)
 	case sourceEnv:
-		return fmt.Sprintf("the address in environment variable %s", HostEnvVar(cfg.Service))
+		return "the address in environment variable " + HostEnvVar(cfg.Service)
 	default:
 		return "the fallback address"
 	}

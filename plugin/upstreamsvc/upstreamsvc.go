@@ -175,7 +175,11 @@ func (u *UpstreamSvc) retire(up *upstream) {
 }
 
 func (up *upstream) stop() {
-	up.stopOnce.Do(func() { up.fwd.OnShutdown() })
+	up.stopOnce.Do(func() {
+		if err := up.fwd.OnShutdown(); err != nil {
+			log.Warningf("Stopping the forwarder to a replaced address: %v", err)
+		}
+	})
 }
 
 // OnStartup starts forwarding to the address chosen during setup and starts following the API.

@@ -71,7 +71,7 @@ func parseQuery(r *dns.Msg, key *[keyLen]byte) (q query, n int, ok bool) {
 		}
 	}
 
-	for i := 0; i < len(q.name); i++ {
+	for i := range len(q.name) {
 		c := q.name[i]
 		if 'A' <= c && c <= 'Z' {
 			c += 'a' - 'A'

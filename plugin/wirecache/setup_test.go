@@ -118,7 +118,7 @@ func compiledConfig(t *testing.T, handlers ...plugin.Handler) *dnsserver.Config 
 	t.Helper()
 	cfg := &dnsserver.Config{Zone: ".", Port: "0", Transport: "dns"}
 	for _, h := range handlers {
-		cfg.AddPlugin(func(next plugin.Handler) plugin.Handler { return h })
+		cfg.AddPlugin(func(plugin.Handler) plugin.Handler { return h })
 	}
 	if _, err := dnsserver.NewServer("dns://127.0.0.1:0", []*dnsserver.Config{cfg}); err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestStepAsideReasons(t *testing.T) {
 	config := func(names ...string) *dnsserver.Config {
 		cfg := &dnsserver.Config{Zone: ".", Port: "0", Transport: "dns"}
 		for _, name := range names {
-			cfg.AddPlugin(func(next plugin.Handler) plugin.Handler { return named(name) })
+			cfg.AddPlugin(func(plugin.Handler) plugin.Handler { return named(name) })
 		}
 		// NewServer compiles the chain and registers each handler under its name, as caddy does before
 		// OnStartup.

@@ -159,7 +159,7 @@ func (e *e2e) ourRules() []string {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		for _, l := range strings.Split(out, "\n") {
+		for l := range strings.SplitSeq(out, "\n") {
 			if strings.HasPrefix(l, "-A ") && strings.Contains(strings.ToLower(l), "nodelocaldns") {
 				rules = append(rules, save+" "+l)
 			}

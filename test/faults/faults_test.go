@@ -278,7 +278,7 @@ func TestGuardDoesNotFlapUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(status), "\n") {
+	for line := range strings.SplitSeq(string(status), "\n") {
 		if strings.HasPrefix(line, "VmHWM") || strings.HasPrefix(line, "VmRSS") || strings.HasPrefix(line, "RssAnon") || strings.HasPrefix(line, "RssFile") {
 			t.Logf("guard %s", strings.Join(strings.Fields(line), " "))
 		}
@@ -494,7 +494,7 @@ func TestMalformedQueries(t *testing.T) {
 			return err
 		}
 		defer c.Close()
-		for i := 0; i < 500; i++ {
+		for i := range 500 {
 			var b []byte
 			if i < len(crafted) {
 				b = crafted[i]
@@ -506,7 +506,7 @@ func TestMalformedQueries(t *testing.T) {
 			}
 			c.Write(b)
 		}
-		for i := 0; i < 20; i++ {
+		for range 20 {
 			tc, err := net.DialTimeout("tcp", linkLocal, time.Second)
 			if err != nil {
 				return err

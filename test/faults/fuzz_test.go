@@ -58,7 +58,7 @@ func FuzzCorefileParse(f *testing.F) {
 	f.Add([]byte("a {\n b {\n c\n}\n}\n}"))
 	f.Add([]byte("\"unterminated\n"))
 	f.Add([]byte("import *\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(func(_ *testing.T, data []byte) {
 		corefile.Parse(data)
 	})
 }

@@ -45,7 +45,7 @@ func binary(t *testing.T) string {
 	t.Helper()
 	privtest.RequirePrivileged(t, append([]string{"go", "iptables-nft", "iptables-legacy"}, simnode.Tools...)...)
 	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "nodelocaldns-faults-")
+		buildDir, buildErr = os.MkdirTemp("", "nodelocaldns-faults-") //nolint:usetesting // one build for every test of the package, removed by TestMain
 		if buildErr != nil {
 			return
 		}
@@ -254,7 +254,7 @@ func (r *rig) linkAddrs() []string {
 		return nil
 	}
 	var addrs []string
-	for _, line := range strings.Split(out, "\n") {
+	for line := range strings.SplitSeq(out, "\n") {
 		f := strings.Fields(line)
 		for i := range f {
 			if (f[i] == "inet" || f[i] == "inet6") && i+1 < len(f) {
@@ -269,12 +269,7 @@ func (r *rig) linkAddrs() []string {
 }
 
 func has(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(list, s)
 }
 
 // scrape reads one metric's value from a Prometheus endpoint in the node namespace; labels, when given,
@@ -385,9 +380,7 @@ func (r *rig) hammer(server string, workers int, d time.Duration, max int64) (ok
 	deadline := time.Now().Add(d)
 	perWorker := max / int64(workers)
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var o, f int64
 			err := r.n.Do(r.n.PodNS, func() error {
 				for i := int64(0); i < perWorker && time.Now().Before(deadline); i++ {
@@ -405,7 +398,7 @@ func (r *rig) hammer(server string, workers int, d time.Duration, max int64) (ok
 			mu.Lock()
 			ok, failed = ok+o, failed+f
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
 	return ok, failed

@@ -338,7 +338,7 @@ func (n *Node) ConntrackEntries(proto, dst string) ([]string, error) {
 		return nil, err
 	}
 	var entries []string
-	for _, line := range strings.Split(out, "\n") {
+	for line := range strings.SplitSeq(out, "\n") {
 		if strings.HasPrefix(line, proto) {
 			entries = append(entries, line)
 		}
