@@ -9,17 +9,28 @@ export NODELOCALDNS_REQUIRE_PRIVILEGED = 1
 demo:
 	$(GO) run ./examples/node-cache -conf examples/demo/Corefile
 
-# Installs the system tools the tests need (as root, from Debian packages), checks, then runs every test.
+# Installs golangci-lint and the system tools the tests need (as root, from Debian packages), checks (gofmt,
+# go vet, go mod tidy, golangci-lint), then runs every test.
 test: test-deps check
 	$(GO) test -count=1 -timeout 30m ./...
 
 test-deps:
 	./scripts/install-test-deps.sh
 
+# golangci-lint as scripts/install-test-deps.sh installs it (pinned version, under GOPATH); override to use another.
+GOLANGCI_LINT ?= $(shell GO=$(GO) ./scripts/install-test-deps.sh --lint-path)
+
 check:
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
+	@if [ ! -x "$(GOLANGCI_LINT)" ]; then \
+		echo "make check: golangci-lint is not installed at $(GOLANGCI_LINT);" \
+			"run ./scripts/install-test-deps.sh (no root needed for it) or set GOLANGCI_LINT=/path/to/golangci-lint" >&2; \
+		exit 1; \
+	fi
+	$(GOLANGCI_LINT) run ./...
 
 build:
 	$(GO) build -o bin/node-cache ./examples/node-cache

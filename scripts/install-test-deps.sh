@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# Installs the system tools the tests use, from Debian packages, when any is missing.
-# The privileged tests fail (they do not skip) under `make test` when a tool is absent, so this runs first.
+# Installs what `make test` needs: golangci-lint (built with `go install`, no root needed), which `make check`
+# runs, and the system tools the tests use, from Debian packages, when any is missing (as root). The
+# privileged tests fail (they do not skip) under `make test` when a tool is absent, so this runs first.
+#
+#   scripts/install-test-deps.sh              install what is missing
+#   scripts/install-test-deps.sh --lint-path  print where golangci-lint is (or goes), install nothing
 set -euo pipefail
+
+# golangci-lint, pinned; one directory per version under GOPATH, shared by every clone on the machine.
+golangci_lint_version=v2.15.0
+go=${GO:-go}
+gopath=$("$go" env GOPATH)
+golangci_lint="${gopath%%:*}/tools/golangci-lint-$golangci_lint_version/golangci-lint"
+if [ "${1:-}" = "--lint-path" ]; then
+	echo "$golangci_lint"
+	exit 0
+fi
+if ! [ -x "$golangci_lint" ]; then
+	echo "install-test-deps: building golangci-lint $golangci_lint_version into $(dirname "$golangci_lint")" \
+		"(go install; a few minutes the first time)" >&2
+	GOBIN=$(dirname "$golangci_lint") GOFLAGS= "$go" install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$golangci_lint_version"
+fi
 
 # tool -> Debian package
 declare -A package_of=(
