@@ -8,6 +8,7 @@ import (
 
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/plugin/metrics"
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/answer"
 
 	"github.com/miekg/dns"
 )
@@ -130,29 +131,17 @@ const (
 
 var windowLabels = [...]string{success: "success", denial: "denial"}
 
-// classify tells answers with data and referrals (success) from NXDOMAIN and NODATA (denial).
-// response.Typify is not used because it calls an NXDOMAIN that carries a CNAME chain, or an answer
-// with an expired signature, OtherError, and a NOERROR whose CNAME chain ends in no data NoError;
-// all three are ordinary answers that need their window.
+// classify tells answers with data and referrals (success) from NXDOMAIN and NODATA (denial), as CoreDNS's
+// cache and wirecache do (answer.Classify).
 func classify(m *dns.Msg) kind {
-	switch m.Rcode {
-	case dns.RcodeNameError:
+	switch answer.Classify(m) {
+	case answer.Success:
+		return success
+	case answer.Denial:
 		return denial
-	case dns.RcodeSuccess:
-	default:
-		// SERVFAIL, REFUSED and the other errors carry no cacheable data.
-		return untouched
 	}
-	for _, rr := range m.Ns {
-		if rr.Header().Rrtype == dns.TypeSOA {
-			// RFC 2308 section 2.2: a SOA in the authority section of a NOERROR makes it NODATA,
-			// also when the answer holds the CNAME chain that led there.
-			return denial
-		}
-	}
-	// Data, a referral (NS in authority), or data only outside the answer section (whoami); the
-	// cache plugin treats the last one as a positive answer too.
-	return success
+	// SERVFAIL, REFUSED and the other errors carry no cacheable data.
+	return untouched
 }
 
 // sections of a message, in the order of dns.Msg.

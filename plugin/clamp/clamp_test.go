@@ -150,6 +150,20 @@ func TestClampResponses(t *testing.T) {
 			wantAnswer: []uint32{60}, wantNs: []uint32{10}, wantSOAMin: 60, window: "denial", raised: 1, lowered: 2,
 		},
 		{
+			// Data answering the question with an SOA beside it is a positive answer, as the cache plugin and
+			// wirecache take it: the success window, and the SOA's MINIMUM is left alone.
+			name: "data with an SOA in authority", qname: "example.org.", qtype: dns.TypeA,
+			answer:     []string{"example.org. 3600 IN A 192.0.2.1"},
+			ns:         []string{"example.org. 3600 IN SOA ns.example.org. admin.example.org. 1 7200 3600 1209600 900"},
+			wantAnswer: []uint32{30}, wantNs: []uint32{30}, wantSOAMin: 900, window: "success", lowered: 2,
+		},
+		{
+			name: "CNAME chain to data with an SOA in authority", qname: "www.example.org.", qtype: dns.TypeA,
+			answer:     []string{"www.example.org. 600 IN CNAME host.example.org.", "host.example.org. 15 IN A 192.0.2.1"},
+			ns:         []string{"example.org. 3 IN SOA ns.example.org. admin.example.org. 1 7200 3600 1209600 900"},
+			wantAnswer: []uint32{30, 15}, wantNs: []uint32{5}, wantSOAMin: 900, window: "success", raised: 1, lowered: 1,
+		},
+		{
 			name: "referral", qname: "www.example.org.", qtype: dns.TypeA,
 			ns:     []string{"example.org. 172800 IN NS a.iana-servers.net.", "example.org. 2 IN NS b.iana-servers.net."},
 			extra:  []string{"a.iana-servers.net. 172800 IN A 199.43.135.53", "a.iana-servers.net. 172800 IN AAAA 2001:500:8f::53"},
@@ -553,6 +567,8 @@ func TestTTLFloor(t *testing.T) {
 		{name: "nodata", qname: "www.example.org.", qtype: dns.TypeMX, ns: []string{soa}, floor: 2, ok: true},
 		{name: "cname to nodata", qname: "alias.example.org.", qtype: dns.TypeMX,
 			answer: []string{"alias.example.org. 0 IN CNAME www.example.org."}, ns: []string{soa}, floor: 2, ok: true},
+		{name: "data with an SOA", qname: "www.example.org.", qtype: dns.TypeA,
+			answer: []string{"www.example.org. 0 IN A 192.0.2.1"}, ns: []string{soa}, floor: 10, ok: true},
 		{name: "servfail", qname: "www.example.org.", qtype: dns.TypeA, rcode: dns.RcodeServerFailure},
 		{name: "outside the zones", qname: "www.example.net.", qtype: dns.TypeA, answer: []string{"www.example.net. 0 IN A 192.0.2.1"}},
 		{name: "zone transfer", qname: "example.org.", qtype: dns.TypeAXFR, answer: []string{soa}},

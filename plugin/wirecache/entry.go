@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/coredns/coredns/plugin/pkg/response"
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/answer"
 
 	"github.com/miekg/dns"
 )
@@ -232,18 +233,17 @@ func lifetimeOf(m *dns.Msg, extra []dns.RR, minTTL, maxTTL time.Duration) (time.
 		return 0, errResponseType
 	}
 	soa := findSOA(m.Ns)
-	denial := mt == response.NameError || mt == response.NoData
 	switch {
 	case mt == response.NameError && soa == nil:
 		return 0, errNoSOA
 	case len(m.Answer) == 0 && len(m.Ns) == 0 && len(extra) == 0:
 		return 0, errEmptyNoError
-	case mt == response.NoError && len(m.Answer) > 0 && soa == nil && !answersQuestion(m):
+	case mt == response.NoError && len(m.Answer) > 0 && soa == nil && !answer.AnswersQuestion(m):
 		return 0, errNotAnswer
-	case mt == response.NoError && soa != nil && len(m.Answer) > 0 && !answersQuestion(m):
-		// A CNAME chain that ends in NODATA: negative caching rules apply (RFC 2308 section 2.2).
-		denial = true
 	}
+	// NXDOMAIN and NODATA, also at the end of a CNAME chain (RFC 2308 section 2.2), as clamp and the cache
+	// plugin classify them.
+	denial := answer.Classify(m) == answer.Denial
 
 	smallest := uint32(maxTTL / time.Second)
 	for _, section := range [][]dns.RR{m.Answer, m.Ns, extra} {
@@ -268,35 +268,6 @@ func findSOA(ns []dns.RR) *dns.SOA {
 		}
 	}
 	return nil
-}
-
-// answersQuestion reports whether the answer section holds the queried type at the end of the CNAME chain
-// that starts at the question name (RFC 1034 section 3.6.2). A chain that does not end in data is an
-// incomplete answer that the cache plugin does not cache either.
-func answersQuestion(m *dns.Msg) bool {
-	q := m.Question[0]
-	name := q.Name
-	// Each step follows one CNAME, so a chain longer than the answer section is a loop.
-	for range len(m.Answer) + 1 {
-		var target string
-		for _, rr := range m.Answer {
-			h := rr.Header()
-			if !strings.EqualFold(h.Name, name) || (h.Class != q.Qclass && q.Qclass != dns.ClassANY) {
-				continue
-			}
-			if h.Rrtype == q.Qtype || q.Qtype == dns.TypeANY {
-				return true
-			}
-			if c, ok := rr.(*dns.CNAME); ok {
-				target = c.Target
-			}
-		}
-		if target == "" {
-			return false
-		}
-		name = target
-	}
-	return false
 }
 
 // packForm packs m and finds the TTL field of each of its records.
