@@ -53,7 +53,9 @@ func ParseKubeDNS(data map[string]string) (KubeDNS, error) {
 
 // ReadKubeDNSDir reads the kube-dns ConfigMap from the directory it is mounted on. A missing key is an
 // empty setting; a missing directory is an error, so that a wrong path does not pass for an empty ConfigMap.
-func ReadKubeDNSDir(dir string) (KubeDNS, error) {
+func ReadKubeDNSDir(dir string) (KubeDNS, error) { return readKubeDNSDir(dir, os.ReadFile) }
+
+func readKubeDNSDir(dir string, readFile func(string) ([]byte, error)) (KubeDNS, error) {
 	if st, err := os.Stat(dir); err != nil {
 		return KubeDNS{}, fmt.Errorf("reading the kube-dns ConfigMap: %w", err)
 	} else if !st.IsDir() {
@@ -61,7 +63,7 @@ func ReadKubeDNSDir(dir string) (KubeDNS, error) {
 	}
 	data := map[string]string{}
 	for _, key := range []string{StubDomainsKey, UpstreamNameserversKey} {
-		b, err := os.ReadFile(filepath.Join(dir, key))
+		b, err := readFile(filepath.Join(dir, key))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}

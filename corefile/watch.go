@@ -43,6 +43,9 @@ type DropIn struct {
 	// Rejected, when set, is told of every input kept out, once per distinct input.
 	Rejected func(error)
 
+	// readFile reads an input file; nil is os.ReadFile. Tests use it to show a file half-written.
+	readFile func(string) ([]byte, error)
+
 	mu        sync.Mutex // serialises Sync and guards the fields below
 	lastInput [sha256.Size]byte
 	written   []byte
@@ -55,38 +58,68 @@ func (d *DropIn) Written() []byte {
 	return d.written
 }
 
+// inputs is one read of what the Corefile is made from.
+type inputs struct {
+	base    []byte
+	baseErr error
+	kd      KubeDNS
+	kdErr   error
+	hash    [sha256.Size]byte // of all of the above, so that the same inputs, good or bad, are acted on once
+}
+
+// read reads the base Corefile and the kube-dns ConfigMap.
+func (d *DropIn) read() inputs {
+	readFile := d.readFile
+	if readFile == nil {
+		readFile = os.ReadFile
+	}
+	var in inputs
+	in.base, in.baseErr = readFile(d.Base)
+	if in.baseErr == nil && len(bytes.TrimSpace(in.base)) == 0 {
+		// Never a Corefile to run, and what a reader sees of a file rewritten in place at the wrong moment.
+		in.baseErr = fmt.Errorf("%s is empty", d.Base)
+	}
+	if d.KubeDNSDir != "" {
+		in.kd, in.kdErr = readKubeDNSDir(d.KubeDNSDir, readFile)
+	}
+	in.hash = sha256.Sum256(slices.Concat(in.base, fmt.Appendf(nil, "\x00%v\x00%v\x00%v", in.baseErr, in.kd, in.kdErr)))
+	return in
+}
+
 // Sync renders the Corefile from the current inputs and writes it if it changed. The first Sync writes a
 // Corefile even when the kube-dns ConfigMap is bad, without it, so that the node cache can start; after
 // that a bad input leaves the Corefile as it was. Every failure is returned and counted.
-func (d *DropIn) Sync() error {
+func (d *DropIn) Sync() error { return d.apply(d.read()) }
+
+// applied reports whether in is what the Corefile was last made from (or kept out as bad).
+func (d *DropIn) applied(in inputs) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	base, baseErr := os.ReadFile(d.Base)
-	kd, kdErr := KubeDNS{}, error(nil)
-	if d.KubeDNSDir != "" {
-		kd, kdErr = ReadKubeDNSDir(d.KubeDNSDir)
-	}
-	// The same inputs, good or bad, are acted on (and a failure counted) once.
-	input := sha256.Sum256(slices.Concat(base, fmt.Appendf(nil, "\x00%v\x00%v\x00%v", baseErr, kd, kdErr)))
-	if input == d.lastInput && d.written != nil {
+	return in.hash == d.lastInput && d.written != nil
+}
+
+func (d *DropIn) apply(in inputs) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if in.hash == d.lastInput && d.written != nil {
 		return nil
 	}
-	d.lastInput = input
-	if baseErr != nil {
-		return d.fail(fmt.Errorf("reading the base Corefile: %w", baseErr))
+	d.lastInput = in.hash
+	if in.baseErr != nil {
+		return d.fail(fmt.Errorf("reading the base Corefile: %w", in.baseErr))
 	}
-	if kdErr != nil {
+	if in.kdErr != nil {
 		if d.written != nil {
-			return d.fail(fmt.Errorf("kube-dns ConfigMap change kept out, the Corefile stays as it was: %w", kdErr))
+			return d.fail(fmt.Errorf("kube-dns ConfigMap change kept out, the Corefile stays as it was: %w", in.kdErr))
 		}
 		// Starting: go without the ConfigMap rather than not at all, as node-cache does.
-		err := d.fail(fmt.Errorf("starting without the kube-dns ConfigMap: %w", kdErr))
-		if werr := d.render(base, KubeDNS{}); werr != nil {
+		err := d.fail(fmt.Errorf("starting without the kube-dns ConfigMap: %w", in.kdErr))
+		if werr := d.render(in.base, KubeDNS{}); werr != nil {
 			return errors.Join(err, werr)
 		}
 		return err
 	}
-	return d.render(base, kd)
+	return d.render(in.base, in.kd)
 }
 
 func (d *DropIn) render(base []byte, kd KubeDNS) error {
@@ -147,8 +180,13 @@ func (d *DropIn) fail(err error) error {
 	return err
 }
 
-// Watch calls Sync every period until ctx ends. Sync logs and counts its own failures.
+// Watch looks at the inputs every period until ctx ends, and applies them as Sync does once they have
+// settled: a change is acted on only when a second read, a moment later (the period, at most a second), finds
+// the same. Kubernetes swaps a ConfigMap volume's files in one rename, but a file rewritten in place (a
+// hostPath, an editor, a test) can be read half-written, and acting on that would reload CoreDNS on, or count
+// as an error, a Corefile nobody wrote. Failures are logged and counted by apply.
 func (d *DropIn) Watch(ctx context.Context, period time.Duration) {
+	settle := min(period, time.Second)
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -156,8 +194,20 @@ func (d *DropIn) Watch(ctx context.Context, period time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = d.Sync()
 		}
+		in := d.read()
+		if d.applied(in) {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(settle):
+		}
+		if again := d.read(); again.hash == in.hash {
+			_ = d.apply(again)
+		}
+		// Otherwise still changing: look again at the next tick.
 	}
 }
 

@@ -183,17 +183,93 @@ func TestDropInUnknownDirective(t *testing.T) {
 	}
 }
 
-func TestDropInWatch(t *testing.T) {
-	fx := newDropInFixture(t)
-	if err := fx.d.Sync(); err != nil {
+// writeConfigMap updates a ConfigMap volume the way kubelet's atomic writer does: the files go into a new
+// hidden directory, the ..data symlink is swapped to it in one rename, and each key is a symlink through
+// ..data, so a reader sees all the old files or all the new ones, never one half-written.
+func writeConfigMap(t *testing.T, dir string, data map[string]string) {
+	t.Helper()
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	ts, err := os.MkdirTemp(dir, "..20") //nolint:usetesting // inside the volume, as kubelet names it
+	if err != nil {
 		t.Fatal(err)
 	}
+	for key, value := range data {
+		if err := os.WriteFile(filepath.Join(ts, key), []byte(value), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if _, keep := data[e.Name()]; !keep && !strings.HasPrefix(e.Name(), "..") {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+	for key := range data {
+		link := filepath.Join(dir, key)
+		if _, err := os.Lstat(link); err == nil {
+			continue
+		}
+		if err := os.Symlink(filepath.Join("..data", key), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if old != "" {
+		os.RemoveAll(filepath.Join(dir, old))
+	}
+}
+
+// configMapVolumes moves the fixture's inputs into ConfigMap volumes written by writeConfigMap, and returns
+// functions that change one key of each.
+func (fx *dropInFixture) configMapVolumes(t *testing.T) (setBase func(string), setKubeDNS func(key, value string)) {
+	t.Helper()
+	base, err := os.ReadFile(fx.d.Base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseDir := filepath.Join(t.TempDir(), "node-local-dns")
+	if err := os.Mkdir(baseDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fx.d.Base = filepath.Join(baseDir, "Corefile.base")
+	writeConfigMap(t, baseDir, map[string]string{"Corefile.base": string(base)})
+	kubeDNS := map[string]string{}
+	writeConfigMap(t, fx.kdDir, kubeDNS)
+	return func(corefile string) {
+			writeConfigMap(t, baseDir, map[string]string{"Corefile.base": corefile})
+		}, func(key, value string) {
+			kubeDNS[key] = value
+			writeConfigMap(t, fx.kdDir, kubeDNS)
+		}
+}
+
+// watch runs the fixture's Watch until the test ends.
+func (fx *dropInFixture) watch(t *testing.T) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { fx.d.Watch(ctx, 10*time.Millisecond); close(done) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+}
 
-	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
+func TestDropInWatch(t *testing.T) {
+	fx := newDropInFixture(t)
+	setBase, setKubeDNS := fx.configMapVolumes(t)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fx.watch(t)
+
+	setKubeDNS(UpstreamNameserversKey, `["8.8.8.8"]`)
 	waitFor(t, func() bool { return fx.reloads.Load() == 1 })
 	if !strings.Contains(fx.output(t), "forward . 8.8.8.8\n") {
 		t.Errorf("upstream not applied:\n%s", fx.output(t))
@@ -201,7 +277,7 @@ func TestDropInWatch(t *testing.T) {
 
 	before := fx.configMapErrors()
 	good := fx.output(t)
-	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8:53:53"]`)
+	setKubeDNS(UpstreamNameserversKey, `["8.8.8.8:53:53"]`)
 	waitFor(t, func() bool { return fx.configMapErrors() > before })
 	if fx.output(t) != good || fx.reloads.Load() != 1 {
 		t.Error("a bad change reached the Corefile")
@@ -209,11 +285,64 @@ func TestDropInWatch(t *testing.T) {
 
 	// The base Corefile (the node-local-dns ConfigMap) is watched too.
 	base, _ := os.ReadFile(fx.d.Base)
-	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
-	writeFile(t, fx.d.Base, string(bytes.ReplaceAll(base, []byte("cache 30"), []byte("cache 15"))))
+	setKubeDNS(UpstreamNameserversKey, `["8.8.8.8"]`)
+	setBase(string(bytes.ReplaceAll(base, []byte("cache 30"), []byte("cache 15"))))
+	// The kube-dns change alone gives the Corefile already written, so only the base change reloads.
 	waitFor(t, func() bool { return fx.reloads.Load() == 2 })
 	if !strings.Contains(fx.output(t), "cache 15") {
 		t.Errorf("base change not applied:\n%s", fx.output(t))
+	}
+	if fx.configMapErrors() != before+1 {
+		t.Errorf("%d inputs kept out, want the one bad change only", fx.configMapErrors()-before)
+	}
+}
+
+// tornReader reads files as os.ReadFile does, except that it shows the next read of path half-written when
+// told to: the moment of a rewrite in place that a reader can hit.
+type tornReader struct {
+	path string
+	torn atomic.Int32 // reads of path still to tear
+}
+
+func (r *tornReader) readFile(name string) ([]byte, error) {
+	b, err := os.ReadFile(name)
+	if err == nil && name == r.path && r.torn.Add(-1) >= 0 {
+		return b[:len(b)/2], nil
+	}
+	return b, err
+}
+
+// TestDropInWatchTornRead: a read that catches an input half-written is neither applied nor counted as a bad
+// ConfigMap; the input once whole is applied with one reload.
+func TestDropInWatchTornRead(t *testing.T) {
+	for _, torn := range []string{"base", "kube-dns"} {
+		t.Run(torn, func(t *testing.T) {
+			fx := newDropInFixture(t)
+			r := &tornReader{path: fx.d.Base}
+			if torn == "kube-dns" {
+				r.path = filepath.Join(fx.kdDir, UpstreamNameserversKey)
+			}
+			fx.d.readFile = r.readFile
+			writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
+			if err := fx.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			fx.watch(t)
+
+			base, _ := os.ReadFile(fx.d.Base)
+			r.torn.Store(1)
+			writeFile(t, fx.d.Base, string(bytes.ReplaceAll(base, []byte("cache 30"), []byte("cache 15"))))
+			waitFor(t, func() bool { return fx.reloads.Load() >= 1 && r.torn.Load() < 0 })
+			if !strings.Contains(fx.output(t), "cache 15") || !strings.Contains(fx.output(t), "forward . 8.8.8.8\n") {
+				t.Errorf("change not applied whole:\n%s", fx.output(t))
+			}
+			if n := fx.configMapErrors(); n != 0 {
+				t.Errorf("a torn read was counted as %d bad inputs", n)
+			}
+			if n := fx.reloads.Load(); n != 1 {
+				t.Errorf("%d reloads, want 1", n)
+			}
+		})
 	}
 }
 
