@@ -30,7 +30,7 @@ check:
 			"run ./scripts/install-test-deps.sh (no root needed for it) or set GOLANGCI_LINT=/path/to/golangci-lint" >&2; \
 		exit 1; \
 	fi
-	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --allow-serial-runners ./...
 
 build:
 	$(GO) build -o bin/node-cache ./examples/node-cache

@@ -243,22 +243,22 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 		t.Errorf("205 MiB is enough: %v", hazards)
 	}
 	// With log, wirecache steps aside and holds nothing.
-	logged := strings.Replace(string(out), "    wirecache\n", "    wirecache\n    log\n", 1)
+	logged := strings.Replace(string(out), "    wirecache {\n", "    log\n    wirecache {\n", 1)
 	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 128 << 20})
 	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "(and wirecache 30000 entries, at most 24 MiB of answers)") {
 		t.Errorf("got %v", hazards)
 	}
 	// max_memory, and a capacity too small to reach it, bound what wirecache holds.
-	for _, tc := range []struct{ block, want string }{
-		{"wirecache {\n        max_memory 1MiB\n    }", "at most 25 MiB of answers"},            // 3×8 MiB + 1 MiB
-		{"wirecache {\n        max_memory 33554432\n    }", "at most 56 MiB of answers"},        // 3×8 MiB + 32 MiB
-		{"wirecache {\n        capacity 100\n    }", "at most 25 MiB of answers"},               // 3×8 MiB + 100×12015 bytes
-		{"wirecache {\n        capacity 100\n        max_memory 64Ki\n    }", "at most 24 MiB"}, // 3×8 MiB + 64 KiB
+	for _, tc := range []struct{ options, want string }{
+		{"max_memory 1MiB", "at most 25 MiB of answers"},            // 3×8 MiB + 1 MiB
+		{"max_memory 33554432", "at most 56 MiB of answers"},        // 3×8 MiB + 32 MiB
+		{"capacity 100", "at most 25 MiB of answers"},               // 3×8 MiB + 100×12015 bytes
+		{"capacity 100\n        max_memory 64Ki", "at most 24 MiB"}, // 3×8 MiB + 64 KiB
 	} {
-		changed := strings.Replace(string(out), "    wirecache\n", "    "+tc.block+"\n", 1)
+		changed := strings.Replace(string(out), "    wirecache {\n", "    wirecache {\n        "+tc.options+"\n", 1)
 		hazards, _ := Check([]byte(changed), CheckOptions{MemoryLimit: 128 << 20})
 		if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, tc.want) {
-			t.Errorf("%s: got %v, want %q", tc.block, hazards, tc.want)
+			t.Errorf("%s: got %v, want %q", tc.options, hazards, tc.want)
 		}
 	}
 }
