@@ -224,7 +224,6 @@ type Guard struct {
 	beforeJumpRemoval func()
 }
 
-
 // NewGuard checks cfg and takes the guard lock; a second guard on the node fails with an error of
 // KindNodeLock naming the first.
 func NewGuard(cfg GuardConfig) (*Guard, error) {
