@@ -269,6 +269,24 @@ func (r *Reconciler) Teardown(ctx context.Context) error {
 	return r.teardownLocked(ctx)
 }
 
+// TeardownLink removes the link if this package created it, or else the addresses this Reconciler added,
+// and touches no rule: for a caller whose Teardown ran out of time on the rules (the xtables lock held),
+// so that the addresses do not attract traffic nobody serves once the process is gone.
+func (r *Reconciler) TeardownLink(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if r.link == nil {
+		return nil
+	}
+	if err := r.link.Teardown(ctx); err != nil {
+		return linkError("tear down link "+r.cfg.Interface, err)
+	}
+	return nil
+}
+
 // Run calls Ensure every interval until ctx ends, logging failures when they change and recovery when
 // it comes. It returns nil when ctx ends, and ErrClosed when the Reconciler is closed.
 func (r *Reconciler) Run(ctx context.Context, interval time.Duration) error {

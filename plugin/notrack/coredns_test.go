@@ -561,3 +561,39 @@ func TestLeaveEverythingToOthers(t *testing.T) {
 		t.Error("a Reconciler was made")
 	}
 }
+
+// TestReloadWithoutNotrackNeverFails: a reload to a Corefile without notrack tears the node down from the
+// old instance's shutdown callback, after the new instance already serves. When that teardown fails (the
+// xtables lock held, so iptables-legacy cannot remove the rules), the reload must still succeed: caddy
+// takes an error from a shutdown callback for a failed reload. The failure is logged instead.
+func TestReloadWithoutNotrackNeverFails(t *testing.T) {
+	e := inNamespace(t, rules.Legacy)
+	if e == nil {
+		return
+	}
+	inst, err := caddy.Start(e.corefile("169.254.20.10"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitCovered("169.254.20.10")
+
+	f, err := os.OpenFile(os.Getenv(netnstest.EnvXtablesLock), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	next, err := inst.Restart(caddy.CaddyfileInput{Contents: []byte(".:1053 {\n    bind 127.0.0.1\n    whoami\n}\n"), ServerTypeName: "dns"})
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if err != nil {
+		inst.Stop()
+		t.Fatalf("the reload failed: %v", err)
+	}
+	defer shutdown(t, next)
+	e.waitLog("teardown incomplete")
+	if got := whoami(t, "127.0.0.1:1053"); !strings.Contains(got, "127.0.0.1") {
+		t.Errorf("the new instance answers %q", got)
+	}
+}
