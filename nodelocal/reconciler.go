@@ -377,6 +377,8 @@ func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bo
 	}
 	w := r.wantedLocked()
 	var errs []error
+	// Taking the node back puts back the addresses the guard removed, whoever calls (EnableRules too).
+	doLink = doLink || reclaim
 	doRules = doRules && !r.cfg.NoRules
 	failedOpen := false
 	if doRules && len(w.endpoints) > 0 {
