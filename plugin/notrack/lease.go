@@ -7,8 +7,9 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
-// Leases: who holds which claim on the node, shared between server blocks and across reloads.
-
+// sharedLease is one claim on the node (see claimKey), held by every live instance whose server blocks
+// claim it: server blocks and the Corefiles before and after a reload share it, so a reload that changes
+// nothing changes nothing on the node.
 type sharedLease struct {
 	lease *nodelocal.Lease
 	// refs counts the live instances that claim it.

@@ -9,10 +9,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
-// The node: the process's one Reconciler, shared by the server blocks and the Corefiles before and after a
-// reload, and the instances that start and stop on it. lease.go holds the shared leases, readiness.go the
-// rules that follow the server answering, repair.go the periodic repair, shutdown.go the final teardown.
-
 // Bounds of the calls that change the node at a start or a reload.
 const (
 	// acquireTimeout bounds putting a Corefile's addresses in place at its start.
@@ -24,7 +20,9 @@ const (
 // processStart approximates when the process started: package initialisation runs first thing.
 var processStart = time.Now()
 
-// theNode is the process's one view of the node. CoreDNS sets a plugin up once per server block and again
+// theNode is the process's one view of the node (this file: the node and the start and stop of instances
+// on it; lease.go the shared leases, readiness.go the rules that follow the server answering, repair.go the
+// periodic repair, shutdown.go the final teardown). CoreDNS sets a plugin up once per server block and again
 // on every reload, but the link, the rules and the node lock belong to the process: the server blocks and
 // the successive Corefiles share one Reconciler, as CoreDNS plugins share listeners across reloads.
 var theNode = &node{probe: nodelocal.NewProbeExemption(0)}

@@ -11,9 +11,8 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
-// Readiness: the rules follow the server answering its own probes, and the ready plugin follows the rules.
-
-// enableTimeout bounds putting the rules in place once the server answers.
+// enableTimeout bounds putting the rules in place once the server answers its own probes (probeAndEnable);
+// the ready plugin then follows the rules (ready).
 const enableTimeout = 30 * time.Second
 
 // ready reports whether the block's rules are in place (or left to others) and the last sync succeeded.
