@@ -24,7 +24,13 @@
 #   names    VmRSS after NAMES distinct names (svcN.nsM.svc.cluster.local A), each asked once, at NAMES_RATE q/s
 #   peak     VmHWM after DURATION s of mixed load at RATE q/s: HOT_PERCENT % of queries for the first HOT of
 #            those names, the rest for names never asked before
-# dnsperf must see no lost queries and only NOERROR answers, or the run fails.
+# dnsperf must see only NOERROR answers and at most 0.1 % of queries lost, or the run fails; the lost
+# queries are reported.
+#
+# NODE_CACHE=PATH measures that build instead of building examples/node-cache as its Dockerfile does (static,
+# stripped); the cluster DNS and the node's resolver run it too. PROFILE_DIR=DIR (with a build that has the
+# pprof plugin) adds `pprof 127.0.0.1:6060` to the cache's first server block and saves heap profiles
+# (.heap, and .txt with the runtime's MemStats) at each of the three points into DIR. KEEP=1 keeps the logs.
 #
 # Needs root, iproute2, iptables, dnsperf and unbound (installed with apt-get when missing), go.
 # Kills only the processes it started; removes its namespaces, links and files at exit.
@@ -129,8 +135,13 @@ mkdir -p "/etc/netns/$ns_node" "/etc/netns/$ns_pod"
 echo "nameserver $EXT_IP" >"/etc/netns/$ns_node/resolv.conf"
 echo "nameserver $LOCAL_IP" >"/etc/netns/$ns_pod/resolv.conf"
 
-echo "building examples/node-cache"
-go build -o "$work/node-cache" ./examples/node-cache
+if [ -n "${NODE_CACHE:-}" ]; then
+    cp "$NODE_CACHE" "$work/node-cache"
+else
+    # As examples/node-cache/Dockerfile builds it.
+    echo "building examples/node-cache as its Dockerfile does"
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache" ./examples/node-cache
+fi
 
 # The cluster DNS and the node's resolver: the same build, answering every A query.
 cat >"$work/Corefile.clusterdns" <<EOF
@@ -181,6 +192,19 @@ awk '/^  Corefile: \|$/ { on = 1; next } on && /^---$/ { exit } on { sub(/^     
 grep -q '^cluster.local:53 {' "$work/Corefile.base.shipped" || die "no Corefile found in $manifest"
 sed -e 's/__PILLAR__DNS__DOMAIN__/cluster.local/g' -e "s/__PILLAR__LOCAL__DNS__/$LOCAL_IP/g" \
     -e "s/__PILLAR__DNS__SERVER__/$KUBE_DNS_IP/g" corefile/testdata/upstream-template.Corefile >"$work/Corefile.base.upstream"
+if [ -n "${PROFILE_DIR:-}" ]; then
+    mkdir -p "$PROFILE_DIR"
+    for f in "$work"/Corefile.base.*; do
+        sed -i '0,/^ *errors$/s//    errors\n    pprof 127.0.0.1:6060/' "$f"
+    done
+fi
+# profile VARIANT ROUND POINT: saves heap profiles when PROFILE_DIR is set.
+profile() {
+    [ -n "${PROFILE_DIR:-}" ] && [ "$1" != unbound ] || return 0
+    local url=http://127.0.0.1:6060/debug/pprof/heap out=$PROFILE_DIR/$1-$2-$3
+    ip netns exec "$ns_node" curl -sf -o "$out.heap" "$url" && ip netns exec "$ns_node" curl -sf -o "$out.txt" "$url?debug=1" ||
+        die "$1: no heap profile from 127.0.0.1:6060 (does the build have pprof?)"
+}
 
 cat >"$work/unbound.conf" <<EOF
 server:
@@ -282,7 +306,8 @@ perf() {
     completed=$(awk '/Queries completed:/ { print $3 }' <<<"$out")
     lost=$(awk '/Queries lost:/ { print $3 }' <<<"$out")
     qps=$(awk '/Queries per second:/ { printf "%.0f", $4 }' <<<"$out")
-    [ "${lost:-1}" -eq 0 ] || die "$variant: dnsperf lost $lost queries: $out"
+    # A few queries lost under load happen to every variant (UDP); more than 0.1 % is a broken run.
+    [ -n "$lost" ] && [ $((lost * 1000)) -le "$((completed + lost))" ] || die "$variant: dnsperf lost $lost queries: $out"
     grep -q 'Response codes: *NOERROR [0-9]* (100\.00%)' <<<"$out" || die "$variant: answers other than NOERROR: $out"
 }
 
@@ -290,7 +315,9 @@ results=$work/results
 : >"$results"
 echo
 echo "$NAMES names, then $DURATION s at $RATE q/s ($HOT_PERCENT % of queries for $HOT hot names, the rest new); $ROUNDS rounds"
-printf '%-6s %-9s %10s %10s %10s %12s\n' round variant "start MiB" "names MiB" "peak MiB" "mixed q/s"
+# anon: the anonymous part of RSS (heap, stacks) at start, after the names and at the end of the load; the
+# rest is the binary's pages.
+printf '%-6s %-9s %10s %10s %10s %10s %6s   %s\n' round variant "start MiB" "names MiB" "peak MiB" "mixed q/s" lost "(anon MiB)"
 read -r -a variants <<<"$VARIANTS"
 for round in $(seq 1 "$ROUNDS"); do
     n=${#variants[@]}
@@ -306,15 +333,19 @@ for round in $(seq 1 "$ROUNDS"); do
                 die "$variant: notrack never put its rules in place: $(tail -5 "$work/$variant/log")"
         fi
         sleep 1
-        start_kib=$(kib "$cache_pid" VmRSS)
+        start_kib=$(kib "$cache_pid" VmRSS) start_anon=$(kib "$cache_pid" RssAnon)
+        profile "$variant" "$round" start
         perf "$work/queries.names" -n 1 -Q "$NAMES_RATE"
-        [ "$completed" -eq "$NAMES" ] || die "$variant: $completed of $NAMES names answered"
-        names_kib=$(kib "$cache_pid" VmRSS)
+        names_lost=$lost
+        names_kib=$(kib "$cache_pid" VmRSS) names_anon=$(kib "$cache_pid" RssAnon)
+        profile "$variant" "$round" names
         perf "$work/queries.mixed" -l "$DURATION" -Q "$RATE"
-        peak_kib=$(kib "$cache_pid" VmHWM)
+        peak_kib=$(kib "$cache_pid" VmHWM) end_anon=$(kib "$cache_pid" RssAnon)
+        profile "$variant" "$round" peak
         stop "$variant"
-        printf '%-6s %-9s %10s %10s %10s %12s\n' "$round" "$variant" "$(mib "$start_kib")" "$(mib "$names_kib")" \
-            "$(mib "$peak_kib")" "$qps"
+        printf '%-6s %-9s %10s %10s %10s %10s %6s   (%s %s %s)\n' "$round" "$variant" "$(mib "$start_kib")" \
+            "$(mib "$names_kib")" "$(mib "$peak_kib")" "$qps" $((names_lost + lost)) \
+            "$(mib "$start_anon")" "$(mib "$names_anon")" "$(mib "$end_anon")"
         echo "$variant $start_kib $names_kib $peak_kib" >>"$results"
     done
 done
