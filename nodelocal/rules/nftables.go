@@ -36,15 +36,15 @@ const (
 	nftOutputChain     = "output"
 )
 
-// NFTables writes the cache's, the guard's and the probe's tables with nftables over netlink: no nft or
+// NFTablesManager writes the cache's, the guard's and the probe's tables with nftables over netlink: no nft or
 // iptables command is needed. Every write is one netlink batch, which the kernel applies as one
 // transaction. Reads ask for our tables and chains by name, so their cost does not grow with the rules of
 // others (kube-proxy's table, a firewall's). Netlink calls do not block on a lock as iptables does; the
 // context is checked between them.
-type NFTables struct{}
+type NFTablesManager struct{}
 
-// NewNFTables returns the nftables backend of the current network namespace.
-func NewNFTables() *NFTables { return &NFTables{} }
+// NewNFTablesManager returns the nftables backend of the current network namespace.
+func NewNFTablesManager() *NFTablesManager { return &NFTablesManager{} }
 
 func inetTable(name string) *nftables.Table {
 	return &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
@@ -182,7 +182,7 @@ type NFTablesResult struct {
 // priority of the prerouting and output hooks that jump to a chain with a NOTRACK rule for packets to
 // and from each endpoint. It reads the table's three chains by name and writes nothing when all is in
 // place; otherwise one transaction replaces the table. With no endpoints it deletes the table.
-func (n *NFTables) SyncCache(ctx context.Context, endpoints []Endpoint, comment string) (NFTablesResult, error) {
+func (n *NFTablesManager) SyncCache(ctx context.Context, endpoints []Endpoint, comment string) (NFTablesResult, error) {
 	if len(endpoints) == 0 {
 		_, err := n.deleteTable(ctx, NFTablesTable)
 		return NFTablesResult{}, err
@@ -202,12 +202,12 @@ func (n *NFTables) SyncCache(ctx context.Context, endpoints []Endpoint, comment 
 
 // DeleteCache deletes the cache's table; a table already gone is not an error. It reports whether there
 // was one.
-func (n *NFTables) DeleteCache(ctx context.Context) (bool, error) {
+func (n *NFTablesManager) DeleteCache(ctx context.Context) (bool, error) {
 	return n.deleteTable(ctx, NFTablesTable)
 }
 
 // CacheHooked reports whether the cache's table has a base chain: whether its NOTRACK rules see traffic.
-func (n *NFTables) CacheHooked(ctx context.Context) (bool, error) {
+func (n *NFTablesManager) CacheHooked(ctx context.Context) (bool, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return false, nftError("open netlink", err)
@@ -230,7 +230,7 @@ func (n *NFTables) CacheHooked(ctx context.Context) (bool, error) {
 // UnhookCache deletes the base chains of the cache's table and keeps its rules: traffic then takes its
 // course as if we were not there, and the cache's next SyncCache puts them back. It reports whether there
 // was anything to delete.
-func (n *NFTables) UnhookCache(ctx context.Context) (bool, error) {
+func (n *NFTablesManager) UnhookCache(ctx context.Context) (bool, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return false, nftError("open netlink", err)
@@ -265,7 +265,7 @@ func (n *NFTables) UnhookCache(ctx context.Context) (bool, error) {
 }
 
 // TableExists reports whether table inet name exists.
-func (n *NFTables) TableExists(ctx context.Context, name string) (bool, error) {
+func (n *NFTablesManager) TableExists(ctx context.Context, name string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -277,7 +277,7 @@ func (n *NFTables) TableExists(ctx context.Context, name string) (bool, error) {
 }
 
 // diff returns what differs between want and the node, reading only want's table and chains.
-func (n *NFTables) diff(ctx context.Context, want nftTable) ([]string, error) {
+func (n *NFTablesManager) diff(ctx context.Context, want nftTable) ([]string, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, nftError("open netlink", err)
@@ -363,7 +363,7 @@ func sameRuleList(have []*nftables.Rule, want []nftRule) bool {
 // replaceTable writes t in one transaction: the table is added (a no-op when it exists), deleted with
 // everything in it, and created afresh with its chains and rules. The kernel applies all of it or nothing,
 // so no packet sees a half-written table.
-func (n *NFTables) replaceTable(ctx context.Context, want nftTable) error {
+func (n *NFTablesManager) replaceTable(ctx context.Context, want nftTable) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -395,7 +395,7 @@ func (n *NFTables) replaceTable(ctx context.Context, want nftTable) error {
 }
 
 // deleteTable deletes table inet name if it exists, and reports whether it did.
-func (n *NFTables) deleteTable(ctx context.Context, name string) (bool, error) {
+func (n *NFTablesManager) deleteTable(ctx context.Context, name string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}

@@ -73,7 +73,7 @@ func guardTable(diverts []NFTDivert) nftTable {
 }
 
 // WriteGuard writes the guard's table with diverts, in one transaction, replacing any earlier one.
-func (n *NFTables) WriteGuard(ctx context.Context, diverts []NFTDivert) error {
+func (n *NFTablesManager) WriteGuard(ctx context.Context, diverts []NFTDivert) error {
 	for _, d := range diverts {
 		if len(d.To) == 0 {
 			return fmt.Errorf("divert of %s %s/%d has no endpoints", d.From, d.Protocol, d.Port)
@@ -88,7 +88,7 @@ func (n *NFTables) WriteGuard(ctx context.Context, diverts []NFTDivert) error {
 }
 
 // DeleteGuard deletes the guard's table and reports whether there was one.
-func (n *NFTables) DeleteGuard(ctx context.Context) (bool, error) {
+func (n *NFTablesManager) DeleteGuard(ctx context.Context) (bool, error) {
 	return n.deleteTable(ctx, NFTablesGuardTable)
 }
 
@@ -125,12 +125,12 @@ func probeTable(mark uint32, servers []netip.AddrPort, comment string) nftTable 
 
 // AddProbeExemption writes the probe table for the probe mark and the probed servers (UDP), replacing any
 // earlier one.
-func (n *NFTables) AddProbeExemption(ctx context.Context, mark uint32, servers []netip.AddrPort) error {
+func (n *NFTablesManager) AddProbeExemption(ctx context.Context, mark uint32, servers []netip.AddrPort) error {
 	return n.replaceTable(ctx, probeTable(mark, servers, ""))
 }
 
 // RemoveProbeExemption deletes the probe table and reports whether there was one.
-func (n *NFTables) RemoveProbeExemption(ctx context.Context) (bool, error) {
+func (n *NFTablesManager) RemoveProbeExemption(ctx context.Context) (bool, error) {
 	return n.deleteTable(ctx, NFTablesProbeTable)
 }
 
@@ -143,7 +143,7 @@ const (
 
 // KubeProxyTables returns the nftables tables of kube-proxy's nftables mode that exist ("ip kube-proxy",
 // "ip6 kube-proxy"). A kernel without nf_tables has none.
-func (n *NFTables) KubeProxyTables(ctx context.Context) ([]string, error) {
+func (n *NFTablesManager) KubeProxyTables(ctx context.Context) ([]string, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, nftError("open netlink", err)
@@ -191,7 +191,7 @@ func isErrno(err error, errno unix.Errno) bool {
 // and the DNAT of each endpoint chain that chain picks from. It reads the whole map, so its cost grows
 // with the number of Services: it is for failing open, not for every sync. It returns no endpoints, and
 // no error, when kube-proxy's table has no element for the Service port.
-func (n *NFTables) KubeProxyEndpoints(ctx context.Context, svc netip.Addr, proto Protocol, port uint16) ([]netip.AddrPort, error) {
+func (n *NFTablesManager) KubeProxyEndpoints(ctx context.Context, svc netip.Addr, proto Protocol, port uint16) ([]netip.AddrPort, error) {
 	svc = svc.Unmap()
 	c, err := nftables.New()
 	if err != nil {
@@ -239,7 +239,7 @@ func (n *NFTables) KubeProxyEndpoints(ctx context.Context, svc netip.Addr, proto
 
 // collectDNATs follows a chain of kube-proxy's, and the chains it jumps or goes to directly or through a
 // verdict map, down to the DNATs, and appends their targets.
-func (n *NFTables) collectDNATs(ctx context.Context, c *nftables.Conn, t *nftables.Table, chain string, depth int, seen map[string]bool, out *[]netip.AddrPort) error {
+func (n *NFTablesManager) collectDNATs(ctx context.Context, c *nftables.Conn, t *nftables.Table, chain string, depth int, seen map[string]bool, out *[]netip.AddrPort) error {
 	if seen[chain] || depth > 4 {
 		return nil
 	}
@@ -319,4 +319,31 @@ func parseVerdict(b []byte) (expr.Verdict, bool) {
 		}
 	}
 	return v, ok && ad.Err() == nil
+}
+
+// IPTablesNFTChainExists reports whether iptables-nft's table (an nftables table of family ip) holds
+// chain: iptables-nft rules can be found without the iptables commands.
+func (n *NFTablesManager) IPTablesNFTChainExists(ctx context.Context, table, chain string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return false, nftError("open netlink", err)
+	}
+	t := &nftables.Table{Name: table, Family: nftables.TableFamilyIPv4}
+	if ok, err := tableOfFamilyExists(c, table, nftables.TableFamilyIPv4); err != nil || !ok {
+		if err != nil && nfTablesUnsupported(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	_, err = c.ListChain(t, chain)
+	switch {
+	case isNotExist(err):
+		return false, nil
+	case err != nil:
+		return false, nftError("read chain "+chain+" of table ip "+table, err)
+	}
+	return true, nil
 }

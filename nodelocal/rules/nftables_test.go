@@ -49,7 +49,7 @@ func TestNFTablesSyncCache(t *testing.T) {
 		return
 	}
 	ctx := context.Background()
-	n := NewNFTables()
+	n := NewNFTablesManager()
 	eps := testEndpoints()
 	res, err := n.SyncCache(ctx, eps, "")
 	if err != nil {
@@ -172,7 +172,7 @@ func TestNFTablesGuardAndKubeProxyEndpoints(t *testing.T) {
 		return
 	}
 	ctx := context.Background()
-	n := NewNFTables()
+	n := NewNFTablesManager()
 	if tables, err := n.KubeProxyTables(ctx); err != nil || len(tables) != 0 {
 		t.Fatalf("kube-proxy tables on an empty node: %v, %v", tables, err)
 	}
