@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
@@ -386,4 +387,111 @@ func TestCheckProbeResponse(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		}
 	}
+}
+
+// onceHook returns a hook that runs fn the first time only.
+func onceHook(fn func()) func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			fn()
+		}
+	}
+}
+
+// TestGuardRaceWithReclaim: the cache takes the node back at the worst moment for the guard, after the
+// guard decided to take the jumps out and before it does. The node must end as the cache left it (jumps
+// and the kube-dns ClusterIP in place, no divert), not with neither the cache's jumps nor the guard's
+// divert.
+func TestGuardRaceWithReclaim(t *testing.T) {
+	inNamespace(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		r := e.reconciler()
+		claim := Claim{Addresses: []netip.Addr{addrA, guardClusterIP}}
+		e.acquire(r, claim)
+		eps := rules.Endpoints(claim.Addresses, 53, nil)
+		g := e.guard(&fakeCache{})
+		reclaim := func() {
+			if err := r.Reclaim(ctx); err != nil {
+				t.Errorf("Reclaim: %v", err)
+			}
+		}
+		cacheOwnsTheNode := func(when string) {
+			t.Helper()
+			e.expectRules(eps)
+			e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
+			if _, ok := e.guardChain(); ok {
+				t.Errorf("%s: the guard's chain is back", when)
+			}
+		}
+
+		// While failing open: the divert is written, the jumps not yet out.
+		g.beforeJumpRemoval = onceHook(reclaim)
+		if err := g.FailOpen(ctx); err != nil && !errors.Is(err, errTakenBack) {
+			t.Fatal(err)
+		}
+		cacheOwnsTheNode("reclaim during the fail-open")
+
+		// While failed open: a recheck found the divert in place (or is about to) and takes the jumps out
+		// again.
+		g.beforeJumpRemoval = nil
+		if err := g.FailOpen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if e.cacheJumps() {
+			t.Fatal("the jumps stayed after a fail-open")
+		}
+		g.beforeJumpRemoval = onceHook(reclaim)
+		g.mu.Lock()
+		g.tickLocked(ctx, &guardWatch{}, time.Now())
+		g.mu.Unlock()
+		cacheOwnsTheNode("reclaim during a recheck")
+	})
+}
+
+// TestGuardKeepsTheServiceAddressOut: while the node is failed open, the cache's periodic sync does not put
+// the kube-dns ClusterIP back, and a guard restarted into a failed-open node takes out the one an earlier
+// cache process put back; the cache's reclaim brings it back.
+func TestGuardKeepsTheServiceAddressOut(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		r := e.reconciler()
+		claim := Claim{Addresses: []netip.Addr{addrA, guardClusterIP}}
+		e.acquire(r, claim)
+		lock := filepath.Join(t.TempDir(), "guard.lock")
+		g := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		if err := g.FailOpen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA)
+		if err := r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA)
+		if st := r.Status(); !st.GuardFailedOpen || slices.Contains(st.Addresses, guardClusterIP) {
+			t.Errorf("status while failed open: %+v", st)
+		}
+		if e.cacheJumps() {
+			t.Error("Ensure put the jumps back")
+		}
+		g.Close()
+
+		// An earlier version of the cache, or an operator, put it back; the restarted guard removes it.
+		run(t, "ip", "addr", "add", guardClusterIP.String()+"/32", "dev", DefaultInterface)
+		g2 := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		e.runGuard(g2)
+		waitFor(t, "the restarted guard removes the ClusterIP", 10*time.Second, func() bool {
+			l, err := netlink.LinkByName(DefaultInterface)
+			return err == nil && !slices.Contains(linkAddrs(t, l), guardClusterIP)
+		})
+		if g2.State() != GuardFailedOpen {
+			t.Errorf("restarted guard: %v", g2.State())
+		}
+
+		if err := r.Reclaim(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
+		e.expectRules(rules.Endpoints(claim.Addresses, 53, nil))
+	})
 }

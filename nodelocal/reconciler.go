@@ -250,9 +250,11 @@ func (r *Reconciler) sync(ctx context.Context, doLink, doRules, reclaim bool) er
 }
 
 // Reclaim is Ensure for a cache that knows it answers: if the fail-open guard has diverted the node's DNS
-// (see Guard), it removes the guard's divert and puts the jumps back. Ensure, and so Run, leave the jumps
-// out while the guard's divert is there, so that a cache whose repair loop runs but whose server does not
-// answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as this does.
+// (see Guard), it removes the guard's divert and marks, then puts the addresses and the jumps back. Ensure,
+// and so Run, leave the jumps out and do not put back addresses the link lost (the kube-dns ClusterIP the
+// guard removed) while the guard's divert is there, so that a cache whose repair loop runs but whose server
+// does not answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as
+// this does.
 func (r *Reconciler) Reclaim(ctx context.Context) error { return r.sync(ctx, true, true, true) }
 
 // Teardown removes the jumps, then our chains (both families), then the addresses we added or, if we
@@ -347,24 +349,94 @@ func (r *Reconciler) wantedLocked() wanted {
 }
 
 // syncLocked puts the link and the rules in place as the leases claim them. With reclaim it also takes the
-// node back from the fail-open guard; without, it keeps the jumps out while the guard's divert is there.
+// node back from the fail-open guard: first the guard's divert and marks go, then the addresses come back,
+// then the jumps, the order keepOutLocked in guard.go relies on. Without reclaim, while the guard's divert
+// is there, it keeps the jumps out and does not put back addresses the link lost (the guard took the
+// kube-dns ClusterIP out so that kube-proxy serves it).
 func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bool) error {
 	if len(r.leases) == 0 {
 		return nil
 	}
 	w := r.wantedLocked()
 	var errs []error
+	doRules = doRules && !r.cfg.NoRules
+	failedOpen := false
+	if doRules && len(w.endpoints) > 0 {
+		var err error
+		if failedOpen, err = r.guardLocked(ctx, w.endpoints, reclaim); err != nil {
+			errs = append(errs, err)
+			doRules = false
+		}
+	}
 	if doLink && r.link != nil {
-		if err := r.syncLinkLocked(ctx, w.addrs); err != nil {
+		addrs := w.addrs
+		if failedOpen {
+			addrs = r.heldLocked(ctx, addrs)
+		}
+		if err := r.syncLinkLocked(ctx, addrs); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if doRules && !r.cfg.NoRules {
-		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints, reclaim)...)
+	if doRules && !failedOpen {
+		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints)...)
 	}
 	err := errors.Join(errs...)
 	r.noteAttempt(err)
 	return err
+}
+
+// heldLocked returns those of addrs the link holds now; all of them when the link cannot be read (the link
+// sync that follows reports why).
+func (r *Reconciler) heldLocked(ctx context.Context, addrs []netip.Addr) []netip.Addr {
+	have, err := r.link.Addresses(ctx)
+	if err != nil {
+		return addrs
+	}
+	var held []netip.Addr
+	for _, a := range addrs {
+		if slices.Contains(have, a) {
+			held = append(held, a)
+		}
+	}
+	return held
+}
+
+// guardLocked looks for the fail-open guard's divert in the families of endpoints. Found, with reclaim
+// it removes it; without, it reports the node failed open, so that the jumps stay out.
+func (r *Reconciler) guardLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) (failedOpen bool, err error) {
+	if err := r.ensureBackendLocked(ctx); err != nil {
+		return false, err
+	}
+	divert, err := r.guardDivertsLocked(ctx, endpoints)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case len(divert) > 0 && !reclaim:
+		if !r.guardLogged {
+			r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%s %v); the jumps stay out until the cache answers and reclaims the node", rules.GuardChain, divert)
+			r.guardLogged = true
+		}
+		r.statusMu.Lock()
+		r.status.GuardFailedOpen = true
+		r.status.RulesPresent = false
+		r.statusMu.Unlock()
+		return true, nil
+	case len(divert) > 0:
+		// The divert goes first: until the jumps are back, the cache gets the link-local traffic
+		// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
+		for _, fam := range divert {
+			if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
+				return false, rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)
+			}
+		}
+		r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", divert)
+	}
+	r.guardLogged = false
+	r.statusMu.Lock()
+	r.status.GuardFailedOpen = false
+	r.statusMu.Unlock()
+	return false, nil
 }
 
 func (r *Reconciler) syncLinkLocked(ctx context.Context, addrs []netip.Addr) error {
@@ -421,40 +493,9 @@ func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
 	return nil
 }
 
-func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) []error {
+func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint) []error {
 	if err := r.ensureBackendLocked(ctx); err != nil {
 		return []error{err}
-	}
-	if len(endpoints) > 0 {
-		divert, err := r.guardDivertsLocked(ctx, endpoints)
-		if err != nil {
-			return []error{err}
-		}
-		switch {
-		case len(divert) > 0 && !reclaim:
-			if !r.guardLogged {
-				r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%s %v); the jumps stay out until the cache answers and reclaims the node", rules.GuardChain, divert)
-				r.guardLogged = true
-			}
-			r.statusMu.Lock()
-			r.status.GuardFailedOpen = true
-			r.status.RulesPresent = false
-			r.statusMu.Unlock()
-			return nil
-		case len(divert) > 0:
-			// The divert goes first: until the jumps are back, the cache gets the link-local traffic
-			// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
-			for _, fam := range divert {
-				if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
-					return []error{rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)}
-				}
-			}
-			r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", divert)
-		}
-		r.guardLogged = false
-		r.statusMu.Lock()
-		r.status.GuardFailedOpen = false
-		r.statusMu.Unlock()
 	}
 	byFamily := map[rules.Family][]rules.Endpoint{}
 	for _, e := range endpoints {
