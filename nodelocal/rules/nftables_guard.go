@@ -69,7 +69,59 @@ func guardTable(diverts []NFTDivert) nftTable {
 		}
 	}
 	pre.rules, out.rules = rules, rules
-	return nftTable{name: NFTablesGuardTable, chains: []nftChain{pre, out}}
+	return nftTable{name: NFTablesGuardTable, chains: []nftChain{{name: nftGuardMarker}, pre, out}}
+}
+
+// nftGuardMarker is an empty chain of the guard's table. UnhookCacheWhileMarked flushes it in the
+// transaction that unhooks the cache's table, so that the transaction fails, changing nothing, once the
+// cache has deleted the guard's table to take the node back.
+const nftGuardMarker = "failed-open"
+
+// UnhookCacheWhileMarked is UnhookCache made safe against a reclaim running at the same time: it unhooks
+// the cache's table only in a transaction that finds the guard's table. It reports whether the guard's
+// table was there, and whether it unhooked anything; a transaction that failed because the guard's table
+// went away meanwhile is not an error.
+func (n *NFTablesManager) UnhookCacheWhileMarked(ctx context.Context) (marked, removed bool, err error) {
+	c, err := nftables.New()
+	if err != nil {
+		return false, false, nftError("open netlink", err)
+	}
+	if ok, err := tableExists(c, NFTablesGuardTable); err != nil || !ok {
+		return false, false, err
+	}
+	if ok, err := tableExists(c, NFTablesTable); err != nil || !ok {
+		return true, false, err
+	}
+	t := inetTable(NFTablesTable)
+	var hooks []string
+	for _, name := range []string{nftPreroutingChain, nftOutputChain} {
+		ok, err := chainExists(c, NFTablesTable, name)
+		if err != nil {
+			return true, false, err
+		}
+		if ok {
+			hooks = append(hooks, name)
+		}
+	}
+	if len(hooks) == 0 {
+		return true, false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return true, false, err
+	}
+	c.FlushChain(&nftables.Chain{Name: nftGuardMarker, Table: inetTable(NFTablesGuardTable)})
+	for _, name := range hooks {
+		ch := &nftables.Chain{Name: name, Table: t}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+	}
+	if err := c.Flush(); err != nil {
+		if ok, verr := n.TableExists(ctx, NFTablesGuardTable); verr == nil && !ok {
+			return false, false, nil // taken back while we were at it
+		}
+		return true, false, nftError("unhook table inet "+NFTablesTable, err)
+	}
+	return true, true, nil
 }
 
 // WriteGuard writes the guard's table with diverts, in one transaction, replacing any earlier one.
@@ -347,3 +399,6 @@ func (n *NFTablesManager) IPTablesNFTChainExists(ctx context.Context, table, cha
 	}
 	return true, nil
 }
+
+// NFTablesUnsupported reports whether err says that the kernel has no nf_tables.
+func NFTablesUnsupported(err error) bool { return nfTablesUnsupported(err) }

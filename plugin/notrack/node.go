@@ -403,7 +403,6 @@ func (n *node) reclaimIfAnswering(ctx context.Context, rec *nodelocal.Reconciler
 			}
 		}
 	}
-	mode := n.settings.Backend
 	n.mu.Unlock()
 	if len(targets) == 0 {
 		return time.Time{}
@@ -413,7 +412,7 @@ func (n *node) reclaimIfAnswering(ctx context.Context, rec *nodelocal.Reconciler
 
 	probeCtx, cancel := context.WithTimeout(ctx, min(every, reclaimProbeTimeout))
 	defer cancel()
-	if err := n.probe.acquire(probeCtx, mode, targetFamilies(targets)); err != nil {
+	if err := n.probe.acquire(probeCtx, rec, targetServers(targets)); err != nil {
 		log.Warningf("could not exempt probes from connection tracking to check whether to take the node back from the fail-open guard: %v", err)
 		return time.Time{}
 	}
@@ -511,9 +510,9 @@ func (n *node) probeAndEnable(in *instance) {
 			targets = append(targets, probeTarget{k.endpoint, names[k.endpoint]})
 		}
 	}
-	mode := n.settings.Backend
+	rec := n.rec
 	n.mu.Unlock()
-	if len(targets) == 0 {
+	if len(targets) == 0 || rec == nil {
 		return
 	}
 	slices.SortFunc(targets, func(a, b probeTarget) int { return strings.Compare(a.String(), b.String()) })
@@ -522,7 +521,7 @@ func (n *node) probeAndEnable(in *instance) {
 	start := time.Now()
 	// kube-proxy DNATs host traffic to the kube-dns ClusterIP as it does Pod traffic; without the probe
 	// rule the probe of that address would reach kube-dns, not us.
-	if err := n.probe.acquire(in.ctx, mode, targetFamilies(targets)); err != nil {
+	if err := n.probe.acquire(in.ctx, rec, targetServers(targets)); err != nil {
 		if in.ctx.Err() != nil {
 			return
 		}
@@ -581,12 +580,12 @@ func (n *node) probeAndEnable(in *instance) {
 	log.Infof("rules in place for %s (the server answered after %v)", addrs, answered.Round(time.Microsecond))
 }
 
-func targetFamilies(targets []probeTarget) []netip.Addr {
-	addrs := make([]netip.Addr, len(targets))
+func targetServers(targets []probeTarget) []netip.AddrPort {
+	servers := make([]netip.AddrPort, len(targets))
 	for i, t := range targets {
-		addrs[i] = t.addr
+		servers[i] = netip.AddrPortFrom(t.addr, t.port)
 	}
-	return addrs
+	return servers
 }
 
 func targetList(targets []probeTarget) string {

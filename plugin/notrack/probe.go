@@ -19,6 +19,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
 
@@ -179,13 +180,18 @@ func probeUntilAnswered(ctx context.Context, t probeTarget) error {
 // packets with probeMark skip connection tracking, so kube-proxy's nat rules never see them and a probe of
 // the kube-dns ClusterIP reaches this server before the NOTRACK rules do that for everyone. The rule is
 // appended, not inserted, so that it never takes position 1 from the NOTRACK chain's jump.
+//
+// With the nftables backend the exemption is a table of its own (rules.NFTablesManager.AddProbeExemption),
+// which also exempts the answers of the probed servers: kube-proxy's nftables mode rejects new connections
+// to a ClusterIP's other ports, which a tracked answer from the kube-dns ClusterIP to the prober is.
 type probeRules struct {
 	mu      sync.Mutex
 	users   int
-	mode    string
 	backend *rules.Backend
 	// families where this process added the rule.
 	installed map[rules.Family]bool
+	// nftServers are the servers the nftables probe table exempts answers from; nil when it is not there.
+	nftServers []netip.AddrPort
 }
 
 var probeRuleSpec = []string{
@@ -195,23 +201,36 @@ var probeRuleSpec = []string{
 	"-j", "NOTRACK",
 }
 
-// acquire puts the rule in place for the families of addrs, in the backend mode configured ("auto" finds
-// kube-proxy's). Every acquire, failed or not, is followed by one release.
-func (p *probeRules) acquire(ctx context.Context, mode string, addrs []netip.Addr) error {
+// acquire puts the exemption in place for servers, in the backend rec writes its rules with. Every
+// acquire, failed or not, is followed by one release.
+func (p *probeRules) acquire(ctx context.Context, rec *nodelocal.Reconciler, servers []netip.AddrPort) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.users++
-	if p.backend == nil || (p.mode != mode && len(p.installed) == 0) {
-		m, err := rules.ParseMode(mode)
+	if p.backend == nil || (len(p.installed) == 0 && p.nftServers == nil) {
+		b, err := rec.RulesBackend(ctx)
 		if err != nil {
-			return err
+			return fmt.Errorf("select the rules backend for the probe exemption: %w", err)
 		}
-		b, err := rules.Select(ctx, m)
-		if err != nil {
-			return fmt.Errorf("select iptables backend for the probe rule: %w", err)
-		}
-		p.backend, p.mode = b, mode
+		p.backend = b
 		p.installed = map[rules.Family]bool{}
+	}
+	if p.backend.Mode == rules.NFTables {
+		all := append(slices.Clone(p.nftServers), servers...)
+		slices.SortFunc(all, netip.AddrPort.Compare)
+		all = slices.Compact(all)
+		if p.nftServers != nil && slices.Equal(all, p.nftServers) {
+			return nil
+		}
+		if err := rules.NewNFTablesManager().AddProbeExemption(ctx, probeMark, all); err != nil {
+			return fmt.Errorf("add the probe exemption: %w", err)
+		}
+		p.nftServers = all
+		return nil
+	}
+	var addrs []netip.Addr
+	for _, s := range servers {
+		addrs = append(addrs, s.Addr())
 	}
 	var errs []error
 	for _, fam := range families(addrs) {
@@ -249,7 +268,7 @@ func (p *probeRules) release() {
 func (p *probeRules) active() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.installed) > 0
+	return len(p.installed) > 0 || p.nftServers != nil
 }
 
 // removeAll removes the rules whoever uses them: the process is shutting down.
@@ -261,6 +280,13 @@ func (p *probeRules) removeAll(ctx context.Context) error {
 
 func (p *probeRules) removeLocked(ctx context.Context) error {
 	var errs []error
+	if p.nftServers != nil {
+		if _, err := rules.NewNFTablesManager().RemoveProbeExemption(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove the probe exemption: %w", err))
+		} else {
+			p.nftServers = nil
+		}
+	}
 	for fam := range p.installed {
 		// Delete every copy: one left behind by a process that was killed while probing is ours too.
 		for range 8 {
