@@ -245,7 +245,8 @@ func TestGuardStartedAfterTheCacheDied(t *testing.T) {
 			t.Error("the skipped divert was not logged")
 		}
 
-		g2 := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		f2 := &fakeCache{}
+		g2 := e.guard(f2, func(c *GuardConfig) { c.LockPath = lock })
 		e.runGuard(g2)
 		waitFor(t, "restarted guard knows", time.Second, func() bool { return g2.State() == GuardFailedOpen })
 		if g2.Failovers() != 0 {
@@ -478,7 +479,8 @@ func TestGuardKeepsTheServiceAddressOut(t *testing.T) {
 
 		// An earlier version of the cache, or an operator, put it back; the restarted guard removes it.
 		run(t, "ip", "addr", "add", guardClusterIP.String()+"/32", "dev", DefaultInterface)
-		g2 := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		f2 := &fakeCache{}
+		g2 := e.guard(f2, func(c *GuardConfig) { c.LockPath = lock })
 		e.runGuard(g2)
 		waitFor(t, "the restarted guard removes the ClusterIP", 10*time.Second, func() bool {
 			l, err := netlink.LinkByName(DefaultInterface)
@@ -488,10 +490,23 @@ func TestGuardKeepsTheServiceAddressOut(t *testing.T) {
 			t.Errorf("restarted guard: %v", g2.State())
 		}
 
+		f2.alive.Store(true) // the cache answers again: the guard must not fail it open again
 		if err := r.Reclaim(ctx); err != nil {
 			t.Fatal(err)
 		}
 		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
 		e.expectRules(rules.Endpoints(claim.Addresses, 53, nil))
+
+		// EnableRules takes the node back as Reclaim does, the ClusterIP included.
+		l := e.acquire(r, Claim{Addresses: []netip.Addr{addrB}, DeferRules: true})
+		if err := g2.FailOpen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, addrB)
+		if err := l.EnableRules(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, addrB, guardClusterIP)
+		e.expectRules(rules.Endpoints([]netip.Addr{addrA, addrB, guardClusterIP}, 53, nil))
 	})
 }

@@ -275,6 +275,24 @@ func (r *Reconciler) Teardown(ctx context.Context) error {
 	return r.teardownLocked(ctx)
 }
 
+// TeardownLink removes the link if this package created it, or else the addresses this Reconciler added,
+// and touches no rule: for a caller whose Teardown ran out of time on the rules (the xtables lock held),
+// so that the addresses do not attract traffic nobody serves once the process is gone.
+func (r *Reconciler) TeardownLink(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if r.link == nil {
+		return nil
+	}
+	if err := r.link.Teardown(ctx); err != nil {
+		return linkError("tear down link "+r.cfg.Interface, err)
+	}
+	return nil
+}
+
 // Run calls Ensure every interval until ctx ends, logging failures when they change and recovery when
 // it comes. It returns nil when ctx ends, and ErrClosed when the Reconciler is closed.
 func (r *Reconciler) Run(ctx context.Context, interval time.Duration) error {
@@ -365,6 +383,8 @@ func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bo
 	}
 	w := r.wantedLocked()
 	var errs []error
+	// Taking the node back puts back the addresses the guard removed, whoever calls (EnableRules too).
+	doLink = doLink || reclaim
 	doRules = doRules && !r.cfg.NoRules
 	failedOpen := false
 	if doRules && len(w.endpoints) > 0 {
@@ -510,23 +530,6 @@ func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
 	r.status.Backend, r.status.BackendReason = string(b.Mode), b.Reason
 	r.statusMu.Unlock()
 	return nil
-}
-
-// RulesBackend selects the rules backend as the first rules sync does, and returns it: rules written
-// beside the Reconciler's (a probe exemption) belong in the same backend.
-func (r *Reconciler) RulesBackend(ctx context.Context) (*rules.Backend, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, ErrClosed
-	}
-	if r.cfg.NoRules {
-		return nil, configError("select rules backend", errors.New("the Reconciler leaves rules to others"))
-	}
-	if err := r.ensureBackendLocked(ctx); err != nil {
-		return nil, err
-	}
-	return r.backend, nil
 }
 
 // noKubeProxyRulesLocked decides what to do on a node that has no kube-proxy rules yet: wait up to

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -145,19 +142,13 @@ func guardMetrics(g *nodelocal.Guard) *prometheus.Registry {
 	return reg
 }
 
-type stdLogger struct{}
-
-func (stdLogger) Infof(f string, a ...any)    { log.Printf("[INFO] "+f, a...) }
-func (stdLogger) Warningf(f string, a ...any) { log.Printf("[WARNING] "+f, a...) }
-func (stdLogger) Errorf(f string, a ...any)   { log.Printf("[ERROR] "+f, a...) }
-
 // runGuard is the -guard mode: it runs a nodelocal.Guard until SIGTERM or SIGINT.
 func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 	cfg, err := g.guardConfig(fs, nc, os.Getenv)
 	if err != nil {
 		return err
 	}
-	cfg.Logger = stdLogger{}
+	cfg.Logger = log
 	guard, err := nodelocal.NewGuard(cfg)
 	if err != nil {
 		return err
@@ -166,15 +157,9 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if addr := nc.metricsListenAddress; addr != "" {
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("-metrics-listen-address: %w", err)
+		if err := serveMetrics(ctx, addr, promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{})); err != nil {
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(l)
-		defer srv.Close()
 	}
 	// The guard leaves the node as it is when it stops: a failed-open node stays failed open until the
 	// cache takes it back.

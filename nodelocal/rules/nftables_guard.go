@@ -145,12 +145,13 @@ func (n *NFTablesManager) DeleteGuard(ctx context.Context) (bool, error) {
 }
 
 // probeTable exempts the cache's probes from connection tracking: on the output hook at raw priority,
-// packets with mark (the probe socket's SO_MARK), and the answers of the probed servers. kube-proxy's
-// nftables mode rejects new connections to a ClusterIP on ports it does not serve (its cluster-ips-check
-// chain), and a tracked answer from the kube-dns ClusterIP to the prober, which also has that address, is
-// such a connection. Nothing but the cache's own listeners sends from a probed address and port before the
-// cache's rules are in place, since kube-proxy DNATs everyone else's queries to the ClusterIP.
-func probeTable(mark uint32, servers []netip.AddrPort, comment string) nftTable {
+// packets with mark (the probe socket's SO_MARK), and UDP from the probed addresses (the answers).
+// kube-proxy's nftables mode rejects new connections to a ClusterIP on ports it does not serve (its
+// cluster-ips-check chain), and a tracked answer from the kube-dns ClusterIP to the prober, which also has
+// that address, is such a connection. Nothing but the cache's own listeners sends from the cache's
+// addresses, which only it holds; while the cache's rules are not in place kube-proxy DNATs everyone
+// else's queries to the ClusterIP, so those listeners answer only probes there.
+func probeTable(mark uint32, addrs []netip.Addr, comment string) nftTable {
 	if comment == "" {
 		comment = DefaultComment
 	}
@@ -163,22 +164,22 @@ func probeTable(mark uint32, servers []netip.AddrPort, comment string) nftTable 
 		},
 		comment: comment + ": probe of the node-local DNS cache",
 	})
-	ss := slices.Clone(servers)
-	slices.SortFunc(ss, netip.AddrPort.Compare)
-	for _, s := range slices.Compact(ss) {
-		e := Endpoint{Addr: s.Addr().Unmap(), Protocol: UDP, Port: s.Port()}
-		out.rules = append(out.rules, nftRule{
-			exprs:   append(matchEndpoint(e, false), &expr.Notrack{}),
-			comment: fmt.Sprintf("%s: answer to a probe of %s", comment, e),
-		})
+	as := slices.Clone(addrs)
+	slices.SortFunc(as, netip.Addr.Compare)
+	for _, a := range slices.Compact(as) {
+		exprs := append(matchAddr(a, false),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: nftReg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: nftReg1, Data: []byte{unix.IPPROTO_UDP}},
+			&expr.Notrack{})
+		out.rules = append(out.rules, nftRule{exprs: exprs, comment: fmt.Sprintf("%s: answer to a probe of %s", comment, a.Unmap())})
 	}
 	return nftTable{name: NFTablesProbeTable, chains: []nftChain{out}}
 }
 
-// AddProbeExemption writes the probe table for the probe mark and the probed servers (UDP), replacing any
+// AddProbeExemption writes the probe table for the probe mark and the probed addresses, replacing any
 // earlier one.
-func (n *NFTablesManager) AddProbeExemption(ctx context.Context, mark uint32, servers []netip.AddrPort) error {
-	return n.replaceTable(ctx, probeTable(mark, servers, ""))
+func (n *NFTablesManager) AddProbeExemption(ctx context.Context, mark uint32, addrs []netip.Addr) error {
+	return n.replaceTable(ctx, probeTable(mark, addrs, ""))
 }
 
 // RemoveProbeExemption deletes the probe table and reports whether there was one.

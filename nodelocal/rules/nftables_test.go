@@ -219,12 +219,12 @@ func TestNFTablesGuardAndKubeProxyEndpoints(t *testing.T) {
 		t.Fatalf("delete guard: %v, %v", deleted, err)
 	}
 
-	servers := []netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:53"), netip.MustParseAddrPort("[fd00::10]:53")}
-	if err := n.AddProbeExemption(ctx, 0x53, servers); err != nil {
+	probed := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00::10")}
+	if err := n.AddProbeExemption(ctx, 0x53, probed); err != nil {
 		t.Fatal(err)
 	}
 	probe := nft(t, "list", "table", "inet", NFTablesProbeTable)
-	for _, w := range []string{"meta mark 0x00000053 notrack", "ip saddr 10.96.0.10 udp sport 53 notrack", "ip6 saddr fd00::10 udp sport 53 notrack"} {
+	for _, w := range []string{"meta mark 0x00000053 notrack", "ip saddr 10.96.0.10 meta l4proto udp notrack", "ip6 saddr fd00::10 meta l4proto udp notrack"} {
 		if !strings.Contains(probe, w) {
 			t.Errorf("probe table lacks %q:\n%s", w, probe)
 		}
