@@ -63,8 +63,7 @@ func (p *ProbeExemption) Acquire(ctx context.Context, backend string, addrs []ne
 			return configError("select rules backend for the probe exemption", err)
 		}
 		b, err := rules.Select(ctx, mode)
-		var none *rules.NoKubeProxyRulesError
-		if errors.As(err, &none) {
+		if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
 			b, err = none.Backend, nil
 		}
 		if err != nil {

@@ -513,8 +513,7 @@ func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
 		return configError("select rules backend", err)
 	}
 	b, err := rules.Select(ctx, mode)
-	var none *rules.NoKubeProxyRulesError
-	if errors.As(err, &none) {
+	if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
 		b, err = r.noKubeProxyRulesLocked(none)
 	}
 	if err != nil {

@@ -74,8 +74,7 @@ func Select(ctx context.Context, want Mode) (*Backend, error) {
 		return NewBackend(want, "configured")
 	case Auto, "":
 		mode, reason, err := detect(ctx, execRunner{}, NewNFTablesManager())
-		var none *NoKubeProxyRulesError
-		if errors.As(err, &none) {
+		if none, ok := errors.AsType[*NoKubeProxyRulesError](err); ok {
 			b, berr := NewBackend(none.Fallback, none.Reason)
 			if berr != nil {
 				return nil, berr

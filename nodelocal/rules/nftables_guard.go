@@ -31,7 +31,7 @@ type NFTDivert struct {
 // to a ClusterIP that kube-proxy would translate. With no diverts the chains are empty and the table only
 // marks the node as failed open.
 func guardTable(diverts []NFTDivert) nftTable {
-	prio := nftables.ChainPriority(*nftables.ChainPriorityNATDest - 10)
+	prio := *nftables.ChainPriorityNATDest - 10
 	pre := nftChain{name: "prerouting", typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, priority: &prio}
 	out := nftChain{name: "output", typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, priority: &prio}
 	ds := slices.Clone(diverts)

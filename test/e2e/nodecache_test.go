@@ -164,7 +164,7 @@ func (e *e2e) ourRules() []string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	for _, line := range strings.Split(tables, "\n") {
+	for line := range strings.SplitSeq(tables, "\n") {
 		f := strings.Fields(line)
 		if len(f) != 3 || !strings.HasPrefix(f[2], "nodelocaldns") {
 			continue
@@ -173,7 +173,7 @@ func (e *e2e) ourRules() []string {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		for _, l := range strings.Split(out, "\n") {
+		for l := range strings.SplitSeq(out, "\n") {
 			if l = strings.TrimSpace(l); l != "" && l != "}" {
 				rules = append(rules, f[1]+" "+f[2]+": "+l)
 			}
@@ -231,7 +231,7 @@ func cacheEnv(t *testing.T, noIPTables bool) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "KUBE_DNS_UPSTREAM_") && !strings.HasPrefix(kv, "XTABLES_LOCKFILE=") &&
-			!(noIPTables && strings.HasPrefix(kv, "PATH=")) {
+			(!noIPTables || !strings.HasPrefix(kv, "PATH=")) {
 			env = append(env, kv)
 		}
 	}

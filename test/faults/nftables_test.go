@@ -23,7 +23,7 @@ func (r *rig) ourTables() []string {
 		r.t.Fatal(err)
 	}
 	var tables []string
-	for _, l := range strings.Split(out, "\n") {
+	for l := range strings.SplitSeq(out, "\n") {
 		if f := strings.Fields(l); len(f) == 3 && strings.HasPrefix(f[2], "nodelocaldns") {
 			tables = append(tables, f[1]+" "+f[2])
 		}

@@ -188,7 +188,7 @@ func (n *Node) installKubeProxyNFTables() {
 	chain nat-postrouting { type nat hook postrouting priority srcnat; policy accept; jump masquerading; }
 `)
 	services := map[string]string{KubeDNSClusterIP: "kube-dns", UpstreamClusterIP: "kube-dns-upstream"}
-	var elements []string
+	elements := make([]string, 0, 4)
 	for _, ip := range []string{KubeDNSClusterIP, UpstreamClusterIP} {
 		for _, proto := range []string{"udp", "tcp"} {
 			name := fmt.Sprintf("kube-system/%s/%s/dns", services[ip], proto)
