@@ -218,6 +218,8 @@ type Guard struct {
 
 	mu    sync.Mutex // serialises Run and FailOpen
 	rules *rules.Manager
+	// nft drives the nftables backend; nil with an iptables one.
+	nft *rules.NFTablesManager
 
 	// beforeJumpRemoval, when set, runs right before the guard takes the cache's jumps out: tests use it
 	// to run a reclaim at the worst moment.
@@ -334,7 +336,9 @@ func (g *Guard) Run(ctx context.Context) error {
 		return err
 	}
 	w := &guardWatch{}
-	if err != nil {
+	if errors.Is(err, errBackendPending) {
+		g.log.Infof("nodelocal guard: %v; the backend is chosen once the cache's rules are there", err)
+	} else if err != nil {
 		g.log.Warningf("nodelocal guard: could not look for an earlier fail-open: %v", err)
 	} else if present {
 		g.state.Store(int32(GuardFailedOpen))
@@ -493,13 +497,25 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 	if err != nil {
 		return linkError("list the node's addresses", err)
 	}
-	if len(skipped) > 0 {
+	if len(skipped) > 0 && g.nft == nil {
 		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is not an address of this node (kube-proxy's iptables "+
 			"mode), and traffic DNATed to it would leave the node; Pods that ask the kube-dns ClusterIP are served", skipped)
 	}
 	// The divert and its marks go first: they are also the word to the cache's repair loop to keep its
 	// jumps out, and the condition of their removal.
+	if g.nft != nil {
+		nftDiverts, err := g.nftablesDivertsLocked(ctx, skipped)
+		if err != nil {
+			return err
+		}
+		if err := g.nft.WriteGuard(ctx, nftDiverts); err != nil {
+			return rulesError("write the divert (table inet "+rules.NFTablesGuardTable+")", err)
+		}
+	}
 	for _, fam := range g.fams {
+		if g.nft != nil {
+			break
+		}
 		if _, err := g.rules.Sync(ctx, rules.Guard(fam, diverts)); err != nil {
 			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
 		}
@@ -534,7 +550,20 @@ func (g *Guard) keepOutLocked(ctx context.Context) (keptOut, error) {
 		g.beforeJumpRemoval()
 	}
 	var k keptOut
+	if g.nft != nil {
+		marked, removed, err := g.nft.UnhookCacheWhileMarked(ctx)
+		if err != nil {
+			return k, rulesError("unhook the cache's table inet "+rules.NFTablesTable, err)
+		}
+		k.marked = marked
+		if removed {
+			k.jumps = len(g.fams)
+		}
+	}
 	for _, fam := range g.fams {
+		if g.nft != nil {
+			break
+		}
 		marked, removed, err := g.rules.RemoveJumpsWhileMarked(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}), rules.GuardChain)
 		if err != nil {
 			return k, rulesError(fmt.Sprintf("remove the cache's %s jumps", fam), err)
@@ -572,6 +601,9 @@ func (g *Guard) keepOutLocked(ctx context.Context) (keptOut, error) {
 
 // markedLocked reports whether the guard's marks are in place in some family.
 func (g *Guard) markedLocked(ctx context.Context) (bool, error) {
+	if g.nft != nil {
+		return g.divertPresentLocked(ctx)
+	}
 	for _, fam := range g.fams {
 		for _, t := range rules.GuardMarks {
 			ok, err := g.rules.ChainExists(ctx, fam, t, rules.GuardChain)
@@ -613,6 +645,19 @@ func localDiverts(ds []rules.Divert) (kept, skipped []rules.Divert, err error) {
 }
 
 func (g *Guard) cacheJumpsPresentLocked(ctx context.Context) (bool, error) {
+	if err := g.ensureBackendLocked(ctx); err != nil {
+		if errors.Is(err, errBackendPending) {
+			return false, nil // the cache has no rules anywhere yet
+		}
+		return false, err
+	}
+	if g.nft != nil {
+		ok, err := g.nft.CacheHooked(ctx)
+		if err != nil {
+			return false, rulesError("read the cache's table inet "+rules.NFTablesTable, err)
+		}
+		return ok, nil
+	}
 	for _, fam := range g.fams {
 		has, err := g.rules.HasJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}))
 		if err != nil {
@@ -626,6 +671,19 @@ func (g *Guard) cacheJumpsPresentLocked(ctx context.Context) (bool, error) {
 }
 
 func (g *Guard) divertPresentLocked(ctx context.Context) (bool, error) {
+	if err := g.ensureBackendLocked(ctx); err != nil {
+		if errors.Is(err, errBackendPending) {
+			return false, nil
+		}
+		return false, err
+	}
+	if g.nft != nil {
+		ok, err := g.nft.TableExists(ctx, rules.NFTablesGuardTable)
+		if err != nil {
+			return false, rulesError("look for the divert (table inet "+rules.NFTablesGuardTable+")", err)
+		}
+		return ok, nil
+	}
 	for _, fam := range g.fams {
 		ok, err := g.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
 		if err != nil {
@@ -639,21 +697,78 @@ func (g *Guard) divertPresentLocked(ctx context.Context) (bool, error) {
 }
 
 // errNoBackend marks a backend that cannot be selected: the guard cannot work at all.
-var errNoBackend = errors.New("no iptables backend")
+var errNoBackend = errors.New("no rules backend")
 
+// errBackendPending marks an automatic selection that found neither the cache's rules nor kube-proxy's:
+// the guard looks again next time, and until then the cache has nothing to fail open.
+var errBackendPending = errors.New("no rules of the cache or of kube-proxy on the node yet")
+
+// ensureBackendLocked picks the backend. Configured, it is that one. With auto it is where the cache's
+// rules are, which is what matters to the guard: the nftables tables, then the iptables chains of the
+// backend kube-proxy's rules point to; with neither there yet, it decides later.
 func (g *Guard) ensureBackendLocked(ctx context.Context) error {
 	if g.rules != nil {
 		return nil
 	}
 	mode, err := rules.ParseMode(g.cfg.Backend)
 	if err != nil {
-		return configError("select iptables backend", fmt.Errorf("%w: %w", errNoBackend, err))
+		return configError("select rules backend", fmt.Errorf("%w: %w", errNoBackend, err))
 	}
-	b, err := rules.Select(ctx, mode)
+	var b *rules.Backend
+	if mode == rules.Auto {
+		b, err = g.locateCacheLocked(ctx)
+	} else {
+		b, err = rules.Select(ctx, mode)
+	}
+	if errors.Is(err, errBackendPending) {
+		return err
+	}
 	if err != nil {
-		return rulesError("select iptables backend", fmt.Errorf("%w: %w", errNoBackend, err))
+		return rulesError("select rules backend", fmt.Errorf("%w: %w", errNoBackend, err))
 	}
-	g.log.Infof("nodelocal guard: using iptables backend %s (%s)", b.Mode, b.Reason)
+	g.log.Infof("nodelocal guard: using rules backend %s (%s)", b.Mode, b.Reason)
 	g.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: g.cfg.LockWait})
+	if b.Mode == rules.NFTables {
+		g.nft = rules.NewNFTablesManager()
+	}
 	return nil
+}
+
+// locateCacheLocked finds the backend that holds the cache's rules: the cache and the guard each select
+// one, and they must agree even when they start at different times.
+func (g *Guard) locateCacheLocked(ctx context.Context) (*rules.Backend, error) {
+	nft := rules.NewNFTablesManager()
+	for _, table := range []string{rules.NFTablesTable, rules.NFTablesGuardTable} {
+		ok, err := nft.TableExists(ctx, table)
+		if err != nil && !rules.NFTablesUnsupported(err) {
+			return nil, err
+		}
+		if ok {
+			return rules.NewBackend(rules.NFTables, "the cache's table inet "+table+" is there")
+		}
+	}
+	b, err := rules.Select(ctx, rules.Auto)
+	var none *rules.NoKubeProxyRulesError
+	if !errors.As(err, &none) {
+		return b, err
+	}
+	if none.Fallback == rules.NFTables {
+		return nil, fmt.Errorf("%w (%v)", errBackendPending, none)
+	}
+	// No kube-proxy rules, but the cache may have fallen back to the iptables flavour the node suggests.
+	m := rules.NewManager(none.Backend, rules.ManagerOptions{LockWait: g.cfg.LockWait})
+	for _, fam := range g.fams {
+		if _, terr := none.Backend.Tools(fam); terr != nil {
+			continue
+		}
+		ok, err := m.ChainExists(ctx, fam, rules.Raw, rules.DefaultChain)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			none.Backend.Reason = "the cache's chains are there; " + none.Reason
+			return none.Backend, nil
+		}
+	}
+	return nil, fmt.Errorf("%w (%v)", errBackendPending, none)
 }

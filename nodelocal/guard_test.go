@@ -266,7 +266,7 @@ func TestGuardConfigErrors(t *testing.T) {
 		{"no addresses", GuardConfig{}, "needs the cache's addresses"},
 		{"upstream is local", GuardConfig{Addresses: []netip.Addr{addrA, ll6}, Upstream: []netip.Addr{ll6}}, "cannot be the kube-dns-upstream ClusterIP"},
 		{"foreign service address", GuardConfig{Addresses: []netip.Addr{addrA}, ServiceAddresses: []netip.Addr{guardClusterIP}, Upstream: []netip.Addr{guardUpstreamIP}}, "not one of the cache's addresses"},
-		{"bad backend", GuardConfig{Addresses: []netip.Addr{guardClusterIP}, ServiceAddresses: []netip.Addr{guardClusterIP}, Backend: "ipvs"}, "unknown iptables backend"},
+		{"bad backend", GuardConfig{Addresses: []netip.Addr{guardClusterIP}, ServiceAddresses: []netip.Addr{guardClusterIP}, Backend: "ipvs"}, "unknown rules backend"},
 	}
 	for _, tc := range cases {
 		tc.cfg.LockPath = lock

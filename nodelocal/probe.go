@@ -23,6 +23,11 @@ const ProbeMark = 0x53
 // of that address, sent before the NOTRACK rules are in place (or while the fail-open guard keeps them
 // out), would reach kube-dns instead. It is reference counted: the rule goes when the last user is done.
 // It is safe for concurrent use.
+//
+// With the nftables backend the exemption is a table of its own (rules.NFTablesManager.AddProbeExemption),
+// which also exempts UDP from the probed addresses: kube-proxy's nftables mode rejects new connections to
+// a ClusterIP's other ports, and a tracked answer from the kube-dns ClusterIP to the prober, which has that
+// address too, is one.
 type ProbeExemption struct {
 	lockWait time.Duration
 
@@ -32,6 +37,10 @@ type ProbeExemption struct {
 	rules   *rules.Manager
 	// installed holds the families where the rule was put in place.
 	installed map[rules.Family]bool
+	// nft is set with the nftables backend; nftAddrs are the addresses its table exempts answers from,
+	// nil while there is no table.
+	nft      *rules.NFTablesManager
+	nftAddrs []netip.Addr
 }
 
 // NewProbeExemption returns a ProbeExemption whose iptables commands wait up to lockWait for the xtables
@@ -40,24 +49,48 @@ func NewProbeExemption(lockWait time.Duration) *ProbeExemption {
 	return &ProbeExemption{lockWait: lockWait, installed: map[rules.Family]bool{}}
 }
 
-// Acquire puts the rule in place for the families of addrs, with the iptables backend backend ("auto",
-// "legacy" or "nft", as in Config). Every Acquire, failed or not, must be followed by one Release. Errors
-// are of KindIPTables or KindIPTablesLock.
+// Acquire puts the rule in place for the families of addrs, with the rules backend backend ("auto",
+// "legacy", "nft" or "nftables", as in Config; with auto on a node without kube-proxy rules, the fallback,
+// since nothing DNATs the probes there anyway). Every Acquire, failed or not, must be followed by one
+// Release. Errors are of KindIPTables or KindIPTablesLock.
 func (p *ProbeExemption) Acquire(ctx context.Context, backend string, addrs []netip.Addr) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.users++
-	if p.rules == nil || (p.backend != backend && len(p.installed) == 0) {
+	if p.rules == nil || (p.backend != backend && len(p.installed) == 0 && p.nftAddrs == nil) {
 		mode, err := rules.ParseMode(backend)
 		if err != nil {
-			return configError("select iptables backend for the probe exemption", err)
+			return configError("select rules backend for the probe exemption", err)
 		}
 		b, err := rules.Select(ctx, mode)
+		if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
+			b, err = none.Backend, nil
+		}
 		if err != nil {
-			return rulesError("select iptables backend for the probe exemption", err)
+			return rulesError("select rules backend for the probe exemption", err)
 		}
 		p.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: p.lockWait})
 		p.backend = backend
+		p.nft = nil
+		if b.Mode == rules.NFTables {
+			p.nft = rules.NewNFTablesManager()
+		}
+	}
+	if p.nft != nil {
+		all := append(slices.Clone(p.nftAddrs), addrs...)
+		for i := range all {
+			all[i] = all[i].Unmap()
+		}
+		slices.SortFunc(all, netip.Addr.Compare)
+		all = slices.Compact(all)
+		if p.nftAddrs != nil && slices.Equal(all, p.nftAddrs) {
+			return nil
+		}
+		if err := p.nft.AddProbeExemption(ctx, ProbeMark, all); err != nil {
+			return rulesError("add the probe exemption (table inet "+rules.NFTablesProbeTable+")", err)
+		}
+		p.nftAddrs = all
+		return nil
 	}
 	var errs []error
 	for _, fam := range familiesOf(addrs) {
@@ -91,7 +124,7 @@ func (p *ProbeExemption) Release(timeout time.Duration) error {
 func (p *ProbeExemption) Active() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.installed) > 0
+	return len(p.installed) > 0 || p.nftAddrs != nil
 }
 
 // RemoveAll removes the rule whoever uses it: the process is shutting down.
@@ -103,6 +136,13 @@ func (p *ProbeExemption) RemoveAll(ctx context.Context) error {
 
 func (p *ProbeExemption) removeLocked(ctx context.Context) error {
 	var errs []error
+	if p.nftAddrs != nil {
+		if _, err := p.nft.RemoveProbeExemption(ctx); err != nil {
+			errs = append(errs, rulesError("remove the probe exemption (table inet "+rules.NFTablesProbeTable+")", err))
+		} else {
+			p.nftAddrs = nil
+		}
+	}
 	for fam := range p.installed {
 		if err := p.rules.RemoveProbeExemption(ctx, fam, ProbeMark); err != nil {
 			errs = append(errs, rulesError(fmt.Sprintf("remove the %s probe exemption", fam), err))
@@ -125,7 +165,7 @@ func familiesOf(addrs []netip.Addr) []rules.Family {
 // ValidInterfaceName checks a link name the way the kernel does.
 func ValidInterfaceName(name string) error { return link.ValidName(name) }
 
-// ParseBackend checks an iptables backend name ("auto", "legacy" or "nft"; empty is "auto") and returns
+// ParseBackend checks a rules backend name ("auto", "legacy", "nft" or "nftables"; empty is "auto") and returns
 // it in its canonical form.
 func ParseBackend(s string) (string, error) {
 	m, err := rules.ParseMode(s)

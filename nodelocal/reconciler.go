@@ -27,6 +27,12 @@ type Reconciler struct {
 	leases  map[*Lease]struct{}
 	backend *rules.Backend
 	rules   *rules.Manager
+	// nft drives the nftables backend; nil with an iptables one.
+	nft *rules.NFTablesManager
+	// nftWritten holds the endpoints of the cache's nftables table as last synced, nil before.
+	nftWritten []rules.Endpoint
+	// backendWaitSince is when the first backend selection found no kube-proxy rules on the node.
+	backendWaitSince time.Time
 	// applied holds the families whose rules this Reconciler has written (or may have: a failed write).
 	applied map[rules.Family]bool
 	// lastRules holds the ruleset of each family as last synced, to tell repairs from changes.
@@ -446,6 +452,12 @@ func (r *Reconciler) guardLocked(ctx context.Context, endpoints []rules.Endpoint
 		// The divert goes first: until the jumps are back, the cache gets the link-local traffic
 		// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
 		for _, fam := range divert {
+			if r.nft != nil {
+				if _, err := r.nft.DeleteGuard(ctx); err != nil {
+					return false, rulesError("remove the guard's divert (table inet "+rules.NFTablesGuardTable+")", err)
+				}
+				break
+			}
 			if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
 				return false, rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)
 			}
@@ -498,24 +510,51 @@ func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
 	}
 	mode, err := rules.ParseMode(r.cfg.Backend)
 	if err != nil {
-		return configError("select iptables backend", err)
+		return configError("select rules backend", err)
 	}
 	b, err := rules.Select(ctx, mode)
-	if err != nil {
-		return rulesError("select iptables backend", err)
+	if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
+		b, err = r.noKubeProxyRulesLocked(none)
 	}
-	r.log.Infof("nodelocal: using iptables backend %s (%s)", b.Mode, b.Reason)
+	if err != nil {
+		return rulesError("select rules backend", err)
+	}
+	r.log.Infof("nodelocal: using rules backend %s (%s)", b.Mode, b.Reason)
 	r.backend = b
 	r.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: r.cfg.LockWait})
+	if b.Mode == rules.NFTables {
+		r.nft = rules.NewNFTablesManager()
+	}
 	r.statusMu.Lock()
 	r.status.Backend, r.status.BackendReason = string(b.Mode), b.Reason
 	r.statusMu.Unlock()
 	return nil
 }
 
+// noKubeProxyRulesLocked decides what to do on a node that has no kube-proxy rules yet: wait up to
+// Config.BackendWait from the first time (kube-proxy is likely starting beside us, and its rules tell
+// where ours belong), then fall back to what the node's other rules suggest, and say so.
+func (r *Reconciler) noKubeProxyRulesLocked(none *rules.NoKubeProxyRulesError) (*rules.Backend, error) {
+	now := time.Now()
+	if r.backendWaitSince.IsZero() {
+		r.backendWaitSince = now
+		r.log.Warningf("nodelocal: %v; waiting up to %v for kube-proxy's rules before falling back", none, r.cfg.BackendWait)
+	}
+	if waited := now.Sub(r.backendWaitSince); waited < r.cfg.BackendWait {
+		return nil, fmt.Errorf("%w; waited %v of %v", none, waited.Round(time.Second), r.cfg.BackendWait)
+	}
+	r.log.Warningf("nodelocal: still no kube-proxy rules after %v: falling back to %s (%s); set the backend explicitly if kube-proxy uses another",
+		r.cfg.BackendWait, none.Fallback, none.Reason)
+	none.Backend.Reason = "no kube-proxy rules after " + r.cfg.BackendWait.String() + ": fallback, " + none.Reason
+	return none.Backend, nil
+}
+
 func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint) []error {
 	if err := r.ensureBackendLocked(ctx); err != nil {
 		return []error{err}
+	}
+	if r.nft != nil {
+		return r.syncNFTablesLocked(ctx, endpoints)
 	}
 	byFamily := map[rules.Family][]rules.Endpoint{}
 	for _, e := range endpoints {
@@ -604,7 +643,14 @@ func (r *Reconciler) teardownLocked(ctx context.Context) error {
 	var errs []error
 	if !r.cfg.NoRules {
 		if err := r.ensureBackendLocked(ctx); err != nil {
-			errs = append(errs, err)
+			if !r.backendWaitSince.IsZero() && r.rules == nil {
+				// Still waiting for kube-proxy's rules: this Reconciler has written none of its own.
+				r.log.Infof("nodelocal: teardown: no rules backend chosen yet, so no rules of ours to remove")
+			} else {
+				errs = append(errs, err)
+			}
+		} else if r.nft != nil {
+			errs = append(errs, r.syncNFTablesLocked(ctx, nil)...)
 		} else {
 			for _, fam := range rules.Families {
 				if err := r.removeFamilyLocked(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}), true); err != nil {
@@ -637,6 +683,16 @@ func (r *Reconciler) guardDivertsLocked(ctx context.Context, endpoints []rules.E
 	var fams []rules.Family
 	for _, fam := range rules.Families {
 		if !slices.ContainsFunc(endpoints, func(e rules.Endpoint) bool { return rules.FamilyOf(e.Addr) == fam }) {
+			continue
+		}
+		if r.nft != nil {
+			ok, err := r.nft.TableExists(ctx, rules.NFTablesGuardTable)
+			if err != nil {
+				return nil, rulesError("look for the guard's divert (table inet "+rules.NFTablesGuardTable+")", err)
+			}
+			if ok {
+				fams = append(fams, fam)
+			}
 			continue
 		}
 		if _, err := r.backend.Tools(fam); err != nil {

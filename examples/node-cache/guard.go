@@ -39,7 +39,7 @@ func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	fs.BoolVar(&g.enabled, "guard", false, "run the fail-open guard beside the cache instead of the cache (see nodelocal.Guard)")
 	fs.StringVar(&g.serviceIPs, "guard.serviceips", "", "those of -localip that are kube-proxy Service ClusterIPs, removed from the link when failing open; default $KUBE_DNS_SERVICE_HOST when it is one of them")
 	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST")
-	fs.StringVar(&g.backend, "guard.backend", "auto", "iptables backend: auto, legacy or nft")
+	fs.StringVar(&g.backend, "guard.backend", "auto", "rules backend: auto, legacy, nft (iptables flavours) or nftables")
 	fs.StringVar(&g.lockPath, "guard.lockpath", nodelocal.DefaultGuardLockPath, "the guard's lock file (one guard per node)")
 	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds")
 	fs.DurationVar(&g.timeout, "guard.timeout", nodelocal.DefaultGuardProbeTimeout, "timeout of each probe")
