@@ -127,6 +127,11 @@ func TestChartAddressesGivenOnce(t *testing.T) {
 			config: corefile.Config{Mode: corefile.ModeIPTables, ClusterDomain: "corp.internal",
 				LocalIPs: addrs("169.254.0.53"), ClusterDNSIPs: addrs("10.32.0.10"), HealthPort: 18080, ReadyPort: 18181},
 		},
+		"nftables": {
+			args: []string{"--set", "kubeProxyMode=nftables", "--set", "localIP={169.254.0.53}", "--set", "clusterDNS={10.32.0.10}"},
+			config: corefile.Config{Mode: corefile.ModeIPTables, ClusterDomain: "corp.internal",
+				LocalIPs: addrs("169.254.0.53"), ClusterDNSIPs: addrs("10.32.0.10"), HealthPort: 18080, ReadyPort: 18181},
+		},
 		"ipvs, addresses as strings": {
 			args: []string{"--set", "kubeProxyMode=ipvs", "--set-string", "localIP=169.254.0.53\\, fd00:169::53", "--set-string", "clusterDNS=10.32.0.10\\,fd00:10:32::a"},
 			config: corefile.Config{Mode: corefile.ModeIPVS, ClusterDomain: "corp.internal",

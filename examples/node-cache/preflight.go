@@ -75,17 +75,17 @@ func sideMode() (bool, int) {
 	flag.Parse()
 	switch {
 	case btoi(guardOpts.enabled)+btoi(preflightOpts.enabled)+btoi(verifyOpts.enabled) > 1:
-		fmt.Fprintln(os.Stderr, "node-cache: -guard, -preflight and -verify exclude each other")
+		log.Errorf("-guard, -preflight and -verify exclude each other")
 		return true, 2
 	case guardOpts.enabled:
 		if err := runGuard(flag.CommandLine, nodeCache, guardOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -guard: %v\n", err)
+			log.Errorf("-guard: %v", err)
 			return true, 1
 		}
 		return true, 0
 	case preflightOpts.enabled:
 		if err := runPreflight(os.Stdout, nodeCache, guardOpts, preflightOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -preflight: %v\n", err)
+			log.Errorf("-preflight: %v", err)
 			return true, 1
 		}
 		return true, 0
@@ -93,7 +93,7 @@ func sideMode() (bool, int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := runVerify(ctx, os.Stdout, flag.CommandLine, nodeCache, guardOpts, verifyOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -verify: %v\n", err)
+			log.Errorf("-verify: %v", err)
 			return true, 1
 		}
 		return true, 0

@@ -20,11 +20,29 @@ import (
 )
 
 // TestVerifyOnSimulatedNode runs node-cache as the iptables manifest's DaemonSet runs it, on a simulated
-// node, then -verify with the same arguments: all checks pass on the healthy node; with the raw OUTPUT jump
-// gone the rules and conntrack rows fail; with the cache stopped the answers and readiness fail. Each time
-// the exit status says so.
+// node with kube-proxy in iptables mode and one in nftables mode, then -verify with the same arguments: all
+// checks pass on the healthy node; with the hook of the node's own traffic gone (the raw OUTPUT jump, the
+// output base chain) the rules and conntrack rows fail; with the cache stopped the answers and readiness
+// fail. Each time the exit status says so.
 func TestVerifyOnSimulatedNode(t *testing.T) {
-	n := simnode.New(t)
+	for _, mode := range []struct {
+		kubeProxy simnode.KubeProxyMode
+		rules     []string // targets of the rules rows
+		breakHook [][]string
+	}{
+		{simnode.IPTablesMode, []string{"IPv4 raw/NODELOCALDNS", "IPv4 filter/NODELOCALDNS"},
+			[][]string{{"iptables", "-t", "raw", "-D", "OUTPUT", "1"}}},
+		{simnode.NFTablesMode, []string{"nftables inet nodelocaldns"},
+			[][]string{{"nft", "flush", "chain", "inet", "nodelocaldns", "output"}, {"nft", "delete", "chain", "inet", "nodelocaldns", "output"}}},
+	} {
+		t.Run(string(mode.kubeProxy), func(t *testing.T) {
+			testVerify(t, mode.kubeProxy, mode.rules, mode.breakHook)
+		})
+	}
+}
+
+func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, breakHook [][]string) {
+	n := simnode.NewWithMode(t, mode)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	binary, err := simnode.BuildNodeCache(ctx, t.TempDir())
 	cancel()
@@ -104,23 +122,25 @@ func TestVerifyOnSimulatedNode(t *testing.T) {
 		expectRow(t, out, "conntrack", ip, "ok")
 	}
 	expectRow(t, out, "link", "nodelocaldns", "ok")
-	expectRow(t, out, "rules", "IPv4 raw/NODELOCALDNS", "ok")
-	expectRow(t, out, "rules", "IPv4 filter/NODELOCALDNS", "ok")
-	expectRow(t, out, "fail-open", "IPv4", "ok")
+	for _, r := range rulesRows {
+		expectRow(t, out, "rules", r, "ok")
+	}
+	expectRow(t, out, "fail-open", "", "ok")
 	expectRow(t, out, "ready", ":8181/ready", "ok")
 	expectRow(t, out, "health", ":8080/health", "ok")
 
-	// Without the raw OUTPUT jump, the node's own lookups are tracked again.
-	if _, err := n.In(context.Background(), n.NodeNS, "iptables", "-t", "raw", "-D", "OUTPUT", "1"); err != nil {
-		t.Fatal(err)
+	// Without the hook of the node's own traffic, its lookups are tracked again.
+	for _, cmd := range breakHook {
+		if _, err := n.In(context.Background(), n.NodeNS, cmd[0], cmd[1:]...); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out, code = verify()
-	t.Logf("raw OUTPUT jump deleted:\n%s", out)
+	t.Logf("output hook deleted:\n%s", out)
 	if code != 1 {
-		t.Errorf("-verify exited %d with the raw OUTPUT jump gone, want 1", code)
+		t.Errorf("-verify exited %d with the output hook gone, want 1", code)
 	}
-	expectRow(t, out, "rules", "IPv4 raw/NODELOCALDNS", "FAIL")
-	expectRow(t, out, "rules", "IPv4 filter/NODELOCALDNS", "ok")
+	expectRow(t, out, "rules", rulesRows[0], "FAIL")
 	for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
 		expectRow(t, out, "conntrack", ip, "FAIL")
 		expectRow(t, out, "answer", ip+" kubernetes.default.svc.cluster.local A/udp", "ok")

@@ -65,18 +65,24 @@ these helpers return them comma-separated, as node-cache's flags take them.
 {{/* kube-proxy's mode, checked. */}}
 {{- define "node-local-dns.mode" -}}
 {{- $mode := .Values.kubeProxyMode -}}
-{{- if not (has $mode (list "iptables" "ipvs")) -}}
-{{- fail (printf "kubeProxyMode: %q is not iptables or ipvs" $mode) -}}
+{{- if not (has $mode (list "iptables" "nftables" "ipvs")) -}}
+{{- fail (printf "kubeProxyMode: %q is not iptables, nftables or ipvs" $mode) -}}
 {{- end -}}
 {{- $mode -}}
 {{- end -}}
 
 {{/*
-What the cache binds: the local addresses, and in iptables mode the kube-dns ClusterIPs, which the cache
-takes over from kube-proxy's DNAT with NOTRACK rules. In IPVS mode the ClusterIP stays on kube-ipvs0.
+Whether the cache takes the kube-dns ClusterIPs over from kube-proxy's DNAT with NOTRACK rules: in iptables
+and nftables mode (where it writes table inet nodelocaldns over netlink, found without configuration). In
+IPVS mode the ClusterIP stays on kube-ipvs0.
 */}}
+{{- define "node-local-dns.takesClusterIP" -}}
+{{- if ne (include "node-local-dns.mode" .) "ipvs" -}}true{{- end -}}
+{{- end -}}
+
+{{/* What the cache binds: the local addresses, and the kube-dns ClusterIPs where it takes them over. */}}
 {{- define "node-local-dns.listenIPs" -}}
-{{- if eq (include "node-local-dns.mode" .) "iptables" -}}
+{{- if include "node-local-dns.takesClusterIP" . -}}
 {{- printf "%s,%s" (include "node-local-dns.localIPs" .) (include "node-local-dns.clusterDNS" .) -}}
 {{- else -}}
 {{- include "node-local-dns.localIPs" . -}}
@@ -110,12 +116,14 @@ into upstreamsvc.
 */}}
 {{- define "node-local-dns.corefile" -}}
 {{- $bind := "bind __PILLAR__LOCAL__DNS__" -}}
-{{- if eq (include "node-local-dns.mode" .) "iptables" -}}
+{{- if include "node-local-dns.takesClusterIP" . -}}
 {{- $bind = "bind __PILLAR__LOCAL__DNS__ __PILLAR__DNS__SERVER__" -}}
 {{- end -}}
 {{ .Values.domain }}:53 {
     errors
-    wirecache
+    wirecache {
+        serve_stale 1h 5s
+    }
     clamp {
         success 5 30
         denial 5 5
@@ -123,6 +131,7 @@ into upstreamsvc.
     cache {
         success 9984 30
         denial 9984 5
+        serve_stale 1h verify 1s 5s
     }
     reload
     loop
@@ -138,8 +147,12 @@ into upstreamsvc.
 
 {{ . }}:53 {
     errors
-    wirecache
-    cache 30
+    wirecache {
+        serve_stale 1h 5s
+    }
+    cache 30 {
+        serve_stale 1h verify 1s 5s
+    }
     reload
     loop
     {{ $bind }}
@@ -152,8 +165,12 @@ into upstreamsvc.
 
 .:53 {
     errors
-    wirecache
-    cache 30
+    wirecache {
+        serve_stale 1h 5s
+    }
+    cache 30 {
+        serve_stale 1h verify 1s 5s
+    }
     reload
     loop
     {{ $bind }}
