@@ -17,6 +17,7 @@ declare -A package_of=(
 	[ip]=iproute2
 	[dig]=dnsutils
 	[getent]=libc-bin
+	[nft]=nftables
 )
 
 missing=()
