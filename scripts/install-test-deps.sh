@@ -19,6 +19,9 @@ if ! "$GO" version -m "$helm_bin" 2>/dev/null | grep -qP "^\tmod\thelm\.sh/helm/
 	echo "install-test-deps: $("$helm_bin" version --short) installed"
 fi
 
+# etcd and kube-apiserver for the Kubernetes API tests, built from the Go module proxy once and cached.
+"$(dirname "$0")/build-kube-apiserver.sh"
+
 # tool -> Debian package
 declare -A package_of=(
 	[iptables]=iptables
