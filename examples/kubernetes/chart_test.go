@@ -246,6 +246,17 @@ func TestChartOptions(t *testing.T) {
 			t.Errorf("init containers %d, containers %+v", len(pod.InitContainers), pod.Containers)
 		}
 	})
+	t.Run("selector as upstream's", func(t *testing.T) {
+		// A DaemonSet's selector cannot change: with upstream's, applying over its node-local-dns works.
+		objs, _ := mustRender(t)
+		ds := objs.DaemonSets[0]
+		if sel := ds.Spec.Selector.MatchLabels; len(sel) != 1 || sel["k8s-app"] != "node-local-dns" {
+			t.Errorf("selector %v, want upstream's k8s-app: node-local-dns only", sel)
+		}
+		if ms := objs.Service("node-local-dns"); len(ms.Spec.Selector) != 1 || ms.Spec.Selector["k8s-app"] != "node-local-dns" {
+			t.Errorf("metrics Service selector %v", ms.Spec.Selector)
+		}
+	})
 	t.Run("native sidecar", func(t *testing.T) {
 		objs, _ := mustRender(t)
 		pod := objs.DaemonSets[0].Spec.Template.Spec
@@ -286,7 +297,7 @@ func TestChartOptions(t *testing.T) {
 		ds := objs.DaemonSets[0]
 		pod := ds.Spec.Template.Spec
 		if ds.Name != "dns-node-local-dns" || pod.ServiceAccountName != objs.ServiceAccounts[0].Name ||
-			ds.Spec.Selector.MatchLabels["k8s-app"] != ds.Spec.Template.Labels["k8s-app"] {
+			len(ds.Spec.Selector.MatchLabels) != 1 || ds.Spec.Selector.MatchLabels["k8s-app"] != ds.Spec.Template.Labels["k8s-app"] {
 			t.Errorf("DaemonSet %s, ServiceAccount %s, selector %v", ds.Name, pod.ServiceAccountName, ds.Spec.Selector.MatchLabels)
 		}
 		var cmName string

@@ -14,14 +14,22 @@ k8s-app label, which dashboards and kubectl recipes written for upstream's manif
 {{- end -}}
 {{- end -}}
 
+{{/*
+The DaemonSet's selector is k8s-app alone, as in upstream's manifest: a selector cannot change, so this
+keeps `kubectl apply` over upstream's node-local-dns DaemonSet (or an older one of ours) working.
+*/}}
 {{- define "node-local-dns.selectorLabels" -}}
 k8s-app: {{ include "node-local-dns.fullname" . }}
+{{- end -}}
+
+{{- define "node-local-dns.podLabels" -}}
+{{ include "node-local-dns.selectorLabels" . }}
 app.kubernetes.io/name: {{ include "node-local-dns.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "node-local-dns.labels" -}}
-{{ include "node-local-dns.selectorLabels" . }}
+{{ include "node-local-dns.podLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
