@@ -15,7 +15,7 @@ test: test-deps check
 	$(GO) test -count=1 -timeout 30m ./...
 
 test-deps:
-	./scripts/install-test-deps.sh
+	GO=$(GO) ./scripts/install-test-deps.sh
 
 # golangci-lint as scripts/install-test-deps.sh installs it (pinned version, under GOPATH); override to use another.
 GOLANGCI_LINT ?= $(shell GO=$(GO) ./scripts/install-test-deps.sh --lint-path)
