@@ -332,8 +332,12 @@ func TestServiceDeletedAndRecreated(t *testing.T) {
 	waitFor(t, 5*time.Second, "the informer's watch", func() bool { open, _ := api.watches(); return open == 1 })
 
 	c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
+	logged := captureLog(t)
 	api.deleteService()
-	time.Sleep(200 * time.Millisecond) // let the deletion reach the plugin; nothing should change
+	// The plugin has seen the deletion once it says what it keeps; only then is "nothing changed" evidence.
+	waitFor(t, 10*time.Second, "the plugin to log the deletion", func() bool {
+		return strings.Contains(logged.String(), "was deleted; keeping 127.0.0.1:")
+	})
 	if ip, err := ask(c, addr, "deleted.example.org."); err != nil || !ip.Equal(net.IPv4(192, 0, 2, 1)) {
 		t.Fatalf("after deletion: got %v, %v; want the last address, 192.0.2.1", ip, err)
 	}
