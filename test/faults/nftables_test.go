@@ -136,10 +136,13 @@ func TestNFTablesSIGTERM(t *testing.T) {
 	time.Sleep(time.Second)
 	start := time.Now()
 	kill(t, cache, syscall.SIGTERM)
-	if err := cache.Wait(5 * time.Second); err != nil && !strings.Contains(err.Error(), "exit status") {
+	if err := cache.Wait(terminationGrace); err != nil && !strings.Contains(err.Error(), "exit status") {
 		t.Fatalf("cache did not exit: %v", err)
 	}
 	t.Logf("exited %v after SIGTERM under load", time.Since(start).Round(time.Millisecond))
+	if out := cache.Output(); !strings.Contains(out, "SIGTERM: removed the rules and the addresses") {
+		t.Errorf("the cache did not log a complete teardown:\n%s", out)
+	}
 	<-done
 	if tables := r.ourTables(); len(tables) != 0 {
 		t.Errorf("tables left after SIGTERM: %v", tables)

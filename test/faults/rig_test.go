@@ -68,6 +68,11 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
+// terminationGrace is how long the kubelet waits after SIGTERM before it SIGKILLs the cache (Kubernetes'
+// default terminationGracePeriodSeconds, which the manifests keep): a cache still running then is killed with
+// its rules in place. Its own teardown is bounded far below this.
+const terminationGrace = 30 * time.Second
+
 // Ports of the metrics listeners, inside the simulated node's namespace.
 const (
 	cacheMetrics = "127.0.0.1:9253"
