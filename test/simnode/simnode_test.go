@@ -77,7 +77,7 @@ func testWithoutCache(t *testing.T, mode KubeProxyMode) {
 		t.Errorf("conntrack has %d entries to %s:53, want at least %d (one per lookup):\n%s",
 			len(entries), KubeDNSClusterIP, lookups, strings.Join(entries, "\n"))
 	}
-	if got := WaitForQueries(clusterDNS, "kubernetes.default.svc.cluster.local", "udp", lookups, 2*time.Second); got < lookups {
+	if got := WaitForQueries(clusterDNS, "kubernetes.default.svc.cluster.local", "udp", lookups, 30*time.Second); got < lookups {
 		t.Errorf("cluster DNS saw %d UDP queries, want at least %d", got, lookups)
 	}
 
@@ -102,7 +102,7 @@ func TestExternalResolverAnswersOutsideNames(t *testing.T) {
 	if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != ExternalAnswer {
 		t.Fatalf("answer = %v, want %s", r.Answer, ExternalAnswer)
 	}
-	if got := WaitForQueries(ext, "example.org", "udp", 1, 2*time.Second); got != 1 {
+	if got := WaitForQueries(ext, "example.org", "udp", 1, 30*time.Second); got != 1 {
 		t.Errorf("external resolver logged %d queries for example.org, want 1:\n%s", got, ext.Output())
 	}
 }
