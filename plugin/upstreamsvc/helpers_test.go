@@ -191,6 +191,9 @@ func ask(c *dns.Client, server, name string) (net.IP, error) {
 	return a.A, nil
 }
 
+// waitLimit bounds the tests' waits for evidence: a failure bound for a busy machine, not an expectation.
+const waitLimit = time.Minute
+
 // waitFor polls cond every 20ms until it holds or limit passes.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
