@@ -558,7 +558,7 @@ func TestGuardStartedAfterTheCacheDied(t *testing.T) {
 		t.Fatal("Pods still resolve after the kill without a guard: the black hole this guards against is not there")
 	}
 	r.startGuard()
-	took := r.waitFor("late guard fails open", 5*time.Second, func() bool { return r.podQuery(kubeDNS) == nil })
+	took := r.waitFor("late guard fails open", time.Minute, func() bool { return r.podQuery(kubeDNS) == nil })
 	t.Logf("Pods resolve %v after the late guard started", took.Round(time.Millisecond))
 	if v := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); v != 1 {
 		t.Errorf("%v failovers, want 1", v)

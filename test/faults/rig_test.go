@@ -422,9 +422,10 @@ func (r *rig) hammer(server string, workers int, d time.Duration, max int64) (ok
 	return ok, failed
 }
 
-// podQuery asks server once from the Pod namespace.
+// podQuery asks server once from the Pod namespace, waiting as long as a Pod's resolver does (glibc's
+// timeout): a lookup answered within it resolved, however busy the machine.
 func (r *rig) podQuery(server string) error {
-	return r.n.Do(r.n.PodNS, func() error { return queryOnce(server, time.Second) })
+	return r.n.Do(r.n.PodNS, func() error { return queryOnce(server, clientTimeout) })
 }
 
 func kill(t *testing.T, p *simnode.Process, sig syscall.Signal) {
