@@ -77,6 +77,8 @@ func TestGuardFailOpenTime(t *testing.T) {
 		}
 		spans = append(spans, span)
 		t.Logf("run %d: %d lookups failed over %v", run, failed, span.Round(time.Millisecond))
+		// The guard counts a failover once it has finished failing open, and logs it after counting.
+		r.waitLog(r.guard, "failed open in", run, time.Minute)
 		if got := r.mustScrape(guardMetrics, "coredns_nodecache_guard_state", ""); got != 1 {
 			t.Fatalf("run %d: guard state %v after the kill, want 1", run, got)
 		}
@@ -558,8 +560,13 @@ func TestGuardStartedAfterTheCacheDied(t *testing.T) {
 		t.Fatal("Pods still resolve after the kill without a guard: the black hole this guards against is not there")
 	}
 	r.startGuard()
-	took := r.waitFor("late guard fails open", time.Minute, func() bool { return r.podQuery(kubeDNS) == nil })
-	t.Logf("Pods resolve %v after the late guard started", took.Round(time.Millisecond))
+	// The guard counts the failover once it has finished failing open, and logs it after counting.
+	started := time.Now()
+	r.waitLog(r.guard, "failed open in", 1, time.Minute)
+	t.Logf("the late guard failed open %v after it started", time.Since(started).Round(time.Millisecond))
+	if err := r.podQuery(kubeDNS); err != nil {
+		t.Errorf("Pods do not resolve after the late guard failed open: %v", err)
+	}
 	if v := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); v != 1 {
 		t.Errorf("%v failovers, want 1", v)
 	}

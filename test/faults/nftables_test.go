@@ -65,6 +65,8 @@ func TestNFTablesGuardFailOpen(t *testing.T) {
 			t.Fatalf("%s: lookups did not recover within 15 s of the kill (%d of %d failed)\nguard:\n%s", server, failed, len(samples), r.guard.Output())
 		}
 		t.Logf("%s: %d lookups failed over %v after SIGKILL", server, failed, span.Round(time.Millisecond))
+		// The guard counts a failover once it has finished failing open, and logs it after counting.
+		r.waitLog(r.guard, "failed open in", run+1, time.Minute)
 		if got := r.mustScrape(guardMetrics, "coredns_nodecache_guard_failovers_total", ""); got != float64(run+1) {
 			t.Fatalf("%v failovers, want %d", got, run+1)
 		}
