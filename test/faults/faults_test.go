@@ -96,7 +96,7 @@ func TestGuardFailOpenTime(t *testing.T) {
 
 		// The cache comes back and takes the node back; the guard watches again.
 		r.startCache()
-		r.waitFor("guard watches again", 10*time.Second, func() bool {
+		r.waitFor("guard watches again", eventually, func() bool {
 			v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
 			return err == nil && v == 0
 		})
@@ -146,7 +146,7 @@ func TestGuardDivertsTheLinkLocalAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	ipvs := r.n.Start(r.n.NodeNS, r.bin, "-conf", virtual)
-	if err := r.n.WaitForDNS(r.n.NodeNS, "udp", net.JoinHostPort(simnode.UpstreamClusterIP, "53"), "kubernetes.default.svc.cluster.local", 10*time.Second); err != nil {
+	if err := r.n.WaitForDNS(r.n.NodeNS, "udp", net.JoinHostPort(simnode.UpstreamClusterIP, "53"), "kubernetes.default.svc.cluster.local", eventually); err != nil {
 		t.Fatal(err)
 	}
 	r.startCache()
@@ -166,7 +166,7 @@ func TestGuardDivertsTheLinkLocalAddress(t *testing.T) {
 	}
 	// The restarted cache takes the link-local address back from the divert.
 	r.startCache()
-	r.waitFor("guard watches again", 10*time.Second, func() bool {
+	r.waitFor("guard watches again", eventually, func() bool {
 		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
 		return err == nil && v == 0
 	})
@@ -191,7 +191,7 @@ func TestHungCacheReclaimsWhenItAnswers(t *testing.T) {
 	cache := r.startCache()
 	r.startGuard()
 	kill(t, cache, syscall.SIGSTOP)
-	took := r.waitFor("guard fails a hung cache open", 5*time.Second, func() bool {
+	took := r.waitFor("guard fails a hung cache open", eventually, func() bool {
 		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
 		return err == nil && v == 1
 	})
@@ -202,7 +202,7 @@ func TestHungCacheReclaimsWhenItAnswers(t *testing.T) {
 	resumed := time.Now()
 	kill(t, cache, syscall.SIGCONT)
 	const reclaimed = "took the node back from the fail-open guard"
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(eventually)
 	for !strings.Contains(cache.Output(), reclaimed) {
 		// Never both: the cache's jumps come back only after the guard's chain is gone. The jumps are read
 		// first: the chain, which nothing recreates now, still there afterwards was there with them. (Read the
@@ -211,7 +211,7 @@ func TestHungCacheReclaimsWhenItAnswers(t *testing.T) {
 			t.Fatalf("the resumed cache put its jumps back while the guard's chain is there\n%s", cache.Output())
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the resumed cache did not take the node back within 10 s:\n%s", cache.Output())
+			t.Fatalf("the resumed cache did not take the node back within %v:\n%s", eventually, cache.Output())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -219,14 +219,14 @@ func TestHungCacheReclaimsWhenItAnswers(t *testing.T) {
 	if !strings.Contains(cache.Output(), "the fail-open guard has diverted DNS") {
 		t.Errorf("the cache never logged that the guard had failed it open:\n%s", cache.Output())
 	}
-	r.waitFor("the cache's jumps are back and the guard's chain is gone", 2*time.Second, func() bool {
+	r.waitFor("the cache's jumps are back and the guard's chain is gone", eventually, func() bool {
 		return r.jumps() && r.chainRules("nat", "NODELOCALDNS-GUARD") < 0
 	})
-	r.waitFor("the guard watches again", 5*time.Second, func() bool {
+	r.waitFor("the guard watches again", eventually, func() bool {
 		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
 		return err == nil && v == 0
 	})
-	r.waitFor("the cache reports its rules in place", 3*time.Second, func() bool {
+	r.waitFor("the cache reports its rules in place", eventually, func() bool {
 		v, err := r.scrape(cacheMetrics, "coredns_nodecache_rules_in_place", "")
 		return err == nil && v == 1
 	})
@@ -359,7 +359,8 @@ func TestXtablesLockHeld(t *testing.T) {
 }
 
 // TestRulesAndLinkRepaired: rules deleted, a chain flushed or the link deleted behind the cache's back are
-// back within one sync interval (1 s here; 2 s allowed for a sync in flight).
+// put back by its sync loop (every second here). The time each repair took is logged; the bound only fails a
+// cache that does not repair.
 func TestRulesAndLinkRepaired(t *testing.T) {
 	r := newRig(t, "nft")
 	r.startCache()
@@ -395,7 +396,7 @@ func TestRulesAndLinkRepaired(t *testing.T) {
 	}
 	for _, d := range damages {
 		d.do()
-		took := r.waitFor(d.name+": repaired", 2*time.Second, d.repaired)
+		took := r.waitFor(d.name+": repaired", eventually, d.repaired)
 		t.Logf("%s: repaired in %v", d.name, took.Round(time.Millisecond))
 		if !r.jumps() {
 			t.Errorf("%s: jumps not in place after the repair", d.name)
@@ -455,7 +456,7 @@ func TestBrokenCorefileReload(t *testing.T) {
 	cache := r.startCache()
 	r.writeCorefile(".:53 {\n    bind " + simnode.LinkLocalIP + "\n    notrack {\n        no_such_option\n    }\n    forward . \n")
 	kill(t, cache, syscall.SIGUSR1)
-	r.waitLog(cache, "[ERROR] SIGUSR1", 1, 10*time.Second)
+	r.waitLog(cache, "[ERROR] SIGUSR1", 1, eventually)
 	time.Sleep(1500 * time.Millisecond) // a sync interval and more
 	if cache.Exited() {
 		t.Fatalf("the cache exited: %v", cache.Wait(0))
@@ -481,7 +482,7 @@ func TestSecondInstanceRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := r.n.Start(r.n.NodeNS, r.bin, "-conf", conf2)
-	err := p.Wait(15 * time.Second)
+	err := p.Wait(eventually)
 	if err == nil || !p.Exited() {
 		t.Fatalf("second instance: %v\n%s", err, p.Output())
 	}
@@ -575,7 +576,7 @@ func TestGuardStartedAfterTheCacheDied(t *testing.T) {
 	second := r.n.Start(r.n.NodeNS, r.bin, "-guard", "-localip", simnode.LinkLocalIP+","+simnode.KubeDNSClusterIP,
 		"-guard.serviceips", simnode.KubeDNSClusterIP, "-guard.upstreamips", simnode.UpstreamClusterIP,
 		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"))
-	if err := second.Wait(10 * time.Second); err == nil || !second.Exited() {
+	if err := second.Wait(eventually); err == nil || !second.Exited() {
 		t.Fatalf("second guard: %v\n%s", err, second.Output())
 	}
 	if !strings.Contains(second.Output(), "another instance owns this node") {

@@ -80,7 +80,7 @@ func TestNFTablesGuardFailOpen(t *testing.T) {
 		}
 		// The cache comes back and takes the node back.
 		r.startCache()
-		r.waitFor("guard watches again", 10*time.Second, func() bool {
+		r.waitFor("guard watches again", eventually, func() bool {
 			v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
 			return err == nil && v == 0
 		})
@@ -94,7 +94,8 @@ func TestNFTablesGuardFailOpen(t *testing.T) {
 }
 
 // TestNFTablesRulesRepaired: the cache's table deleted, flushed, a base chain deleted or a chain flushed
-// behind its back is back within a few sync intervals (1 s).
+// behind its back is put back by its sync loop (every second here). The time each repair took is logged; the
+// bound only fails a cache that does not repair.
 func TestNFTablesRulesRepaired(t *testing.T) {
 	r := newNFTablesRig(t)
 	r.startCache()
@@ -107,7 +108,7 @@ func TestNFTablesRulesRepaired(t *testing.T) {
 		if _, err := r.nft(damage...); err != nil {
 			t.Fatal(err)
 		}
-		took := r.waitFor(strings.Join(damage, " ")+": repaired", 5*time.Second, r.hooked)
+		took := r.waitFor(strings.Join(damage, " ")+": repaired", eventually, r.hooked)
 		t.Logf("nft %s: repaired in %v", strings.Join(damage, " "), took.Round(time.Millisecond))
 		for _, server := range []string{linkLocal, kubeDNS} {
 			if err := r.podQuery(server); err != nil {
