@@ -48,7 +48,7 @@ func metricsZone(zones []string, name string) int {
 // in slots indexed by zone, transport, family, type and rcode: a hit only loads pointers and adds.
 type coreSeries struct {
 	server string
-	zones  []string      // the block's prometheus zones; the slot after the last is "."
+	zones  []string     // the block's prometheus zones; the slot after the last is "."
 	byZone []zoneSeries // one per zone, and one for "."
 }
 
