@@ -89,21 +89,27 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	if wc.stepAside {
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
-	if !wc.inZones(r) {
-		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
-	}
-	m := wc.metrics.forServer(ctx, wc.metricsZones)
 	var key [keyLen]byte
 	q, n, ok := parseQuery(r, &key)
 	if !ok {
-		m.misses.Inc()
+		if !wc.inZones(r) {
+			return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+		}
+		wc.metrics.forServer(ctx, wc.metricsZones).misses.Inc()
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
 
 	h := wc.store.hash(key[:n])
 	now := wc.now()
+	e := wc.store.get(h, key[:n])
+	// Only answers to queries in the zones are stored, and the zones match names in any case, so a query
+	// that finds an entry is in them: the zones are checked only when none is found.
+	if e == nil && !wc.inZones(r) {
+		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+	}
+	m := wc.metrics.forServer(ctx, wc.metricsZones)
 	var stale *entry
-	if e := wc.store.get(h, key[:n]); e != nil {
+	if e != nil {
 		if !now.Before(e.expires) {
 			if wc.StaleFor > 0 && now.Before(e.expires.Add(wc.StaleFor)) {
 				// Kept until the chain answers: if it fails, this entry answers instead.
