@@ -41,7 +41,8 @@ import (
 )
 
 func main() {
-	runSideMode() // -guard and -preflight (guard.go, preflight.go) run here and exit
+	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
+	runSideMode()      // -guard and -preflight (guard.go, preflight.go) run here and exit
 	directives, err := compiledDirectives()
 	if err != nil {
 		log.Fatalf("node-cache: %v", err)
