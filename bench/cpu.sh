@@ -245,6 +245,7 @@ printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %9s %6s %6s\n' variant "hits q/s" r
     "p50 ms" "p99 ms" "µs/miss" conns lost
 for variant in "${variants[@]}"; do
     awk -v v="$variant" '
+        function ratio(r) { return r > 0 ? sprintf("%.2fx", r) : "-" }
         function median(a, n,    i, j, x) {
             for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
@@ -255,6 +256,6 @@ for variant in "${variants[@]}"; do
             for (f = 3; f <= 11; f++) { for (i = 1; i <= n; i++) a[i] = c[f, i]; m[f] = median(a, n) }
             k = 0; for (i = 1; i <= n; i++) if (uh[r[i]] > 0) { k++; a[k] = c[3, i] / uh[r[i]] }; rh = k ? median(a, k) : 0
             k = 0; for (i = 1; i <= n; i++) if (um[r[i]] > 0) { k++; a[k] = c[5, i] / um[r[i]] }; rm = k ? median(a, k) : 0
-            printf "%-9s %9.0f %5.2fx %8.1f %9.0f %5.2fx %8.1f %8.3f %8.3f %9.1f %6.0f %6.0f\n", v, m[3], rh, m[4], m[5], rm, m[6], m[7], m[8], m[9], m[10], m[11]
+            printf "%-9s %9.0f %6s %8.1f %9.0f %6s %8.1f %8.3f %8.3f %9.1f %6.0f %6.0f\n", v, m[3], ratio(rh), m[4], m[5], ratio(rm), m[6], m[7], m[8], m[9], m[10], m[11]
         }' "$results"
 done
