@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log"
 	"os"
 	"path"
 	"runtime/debug"
@@ -30,11 +29,11 @@ func applyMemoryLimit() {
 	limit, found, err := cgroupMemoryLimit(os.DirFS("/"))
 	switch {
 	case err != nil:
-		log.Printf("[WARNING] node-cache: reading the cgroup memory limit: %v; the Go runtime runs without a memory limit", err)
+		log.Warningf("reading the cgroup memory limit: %v; the Go runtime runs without a memory limit", err)
 	case found:
 		soft := int64(float64(limit) * memoryLimitShare)
 		debug.SetMemoryLimit(soft)
-		log.Printf("[INFO] node-cache: container memory limit %d MiB; Go memory limit (GOMEMLIMIT) set to %d MiB", limit>>20, soft>>20)
+		log.Infof("container memory limit %d MiB; Go memory limit (GOMEMLIMIT) set to %d MiB", limit>>20, soft>>20)
 	}
 }
 

@@ -75,17 +75,17 @@ func sideMode() (bool, int) {
 	flag.Parse()
 	switch {
 	case guardOpts.enabled && preflightOpts.enabled:
-		fmt.Fprintln(os.Stderr, "node-cache: -guard and -preflight exclude each other")
+		log.Errorf("-guard and -preflight exclude each other")
 		return true, 2
 	case guardOpts.enabled:
 		if err := runGuard(flag.CommandLine, nodeCache, guardOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -guard: %v\n", err)
+			log.Errorf("-guard: %v", err)
 			return true, 1
 		}
 		return true, 0
 	case preflightOpts.enabled:
 		if err := runPreflight(os.Stdout, nodeCache, guardOpts, preflightOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -preflight: %v\n", err)
+			log.Errorf("-preflight: %v", err)
 			return true, 1
 		}
 		return true, 0

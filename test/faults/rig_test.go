@@ -95,8 +95,14 @@ type rig struct {
 
 func newRig(t *testing.T, backend string) *rig {
 	t.Helper()
+	return newRigMode(t, backend, simnode.IPTablesMode)
+}
+
+// newRigMode is newRig on a node whose kube-proxy runs in mode.
+func newRigMode(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
+	t.Helper()
 	bin := binary(t)
-	n := simnode.New(t)
+	n := simnode.NewWithMode(t, mode)
 	clusterDNS := n.StartClusterDNS(bin)
 	r := &rig{clusterDNS: clusterDNS, t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
 	r.conf = filepath.Join(r.dir, "Corefile")
