@@ -132,7 +132,8 @@ EOF
 # cache rather than on a starved upstream.
 nice -n $((NICE - 5 < -20 ? -20 : NICE - 5)) ip netns exec "$ns_dns" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
 pids+=($!)
-in_ns "$ns_ext" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
+# ip netns exec, not in_ns: a function in the background would leave $! the PID of a subshell.
+ip netns exec "$ns_ext" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
 pids+=($!)
 
 wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
