@@ -63,7 +63,7 @@ func runPreflight(w io.Writer, nc *nodeCacheFlags, g *guardFlags, p *preflightFl
 	return nil
 }
 
-// runSideMode runs the -guard or -preflight mode when one is asked for and exits with its status. Without
+// runSideMode runs the -guard, -preflight or -verify mode when one is asked for and exits with its status. Without
 // either it returns, and the binary goes on as the cache.
 func runSideMode() {
 	if ran, code := sideMode(); ran {
@@ -74,8 +74,8 @@ func runSideMode() {
 func sideMode() (bool, int) {
 	flag.Parse()
 	switch {
-	case guardOpts.enabled && preflightOpts.enabled:
-		log.Errorf("-guard and -preflight exclude each other")
+	case btoi(guardOpts.enabled)+btoi(preflightOpts.enabled)+btoi(verifyOpts.enabled) > 1:
+		log.Errorf("-guard, -preflight and -verify exclude each other")
 		return true, 2
 	case guardOpts.enabled:
 		if err := runGuard(flag.CommandLine, nodeCache, guardOpts); err != nil {
@@ -89,6 +89,21 @@ func sideMode() (bool, int) {
 			return true, 1
 		}
 		return true, 0
+	case verifyOpts.enabled:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := runVerify(ctx, os.Stdout, flag.CommandLine, nodeCache, guardOpts, verifyOpts); err != nil {
+			log.Errorf("-verify: %v", err)
+			return true, 1
+		}
+		return true, 0
 	}
 	return false, 0
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
