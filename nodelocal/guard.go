@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
@@ -51,11 +50,12 @@ type GuardConfig struct {
 	// kube-dns ClusterIP): failing open removes them from the link, and kube-proxy's DNAT takes over.
 	ServiceAddresses []netip.Addr
 	// Upstream holds the kube-dns-upstream Service's ClusterIP, one per family. Failing open diverts the
-	// other addresses (the link-local one, which nothing else serves) to it with a DNAT, when it is an
-	// address of the node (kube-proxy's IPVS mode puts it on kube-ipvs0, and IPVS takes it from there). In
-	// iptables mode, where Pods ask the kube-dns ClusterIP, a DNAT to a ClusterIP would send the traffic off
-	// the node (kube-proxy's DNAT never sees traffic DNATed before), so the guard leaves it out and logs so.
-	// An address whose family has no upstream is not diverted either (NewGuard logs a warning).
+	// other addresses (the link-local one, which nothing else serves) to that Service: with a DNAT to the
+	// ClusterIP where it is an address of the node (kube-proxy's IPVS mode puts it on kube-ipvs0, and IPVS
+	// takes it from there), and in iptables mode with a jump into kube-proxy's own chain of the Service
+	// (a DNAT to a ClusterIP would send the traffic off the node: kube-proxy's DNAT never sees traffic
+	// DNATed before). An address whose family has no upstream, or whose upstream kube-proxy serves in
+	// neither way, is not diverted (logged).
 	Upstream []netip.Addr
 
 	// Interval is the time between probe rounds; ProbeTimeout bounds each probe.
@@ -473,13 +473,13 @@ func (g *Guard) FailOpen(ctx context.Context) error {
 }
 
 func (g *Guard) failOpenLocked(ctx context.Context) error {
-	diverts, skipped, err := localDiverts(g.diverts)
+	diverts, skipped, err := resolveDiverts(ctx, g.rules, g.diverts)
 	if err != nil {
-		return linkError("list the node's addresses", err)
+		return err
 	}
 	if len(skipped) > 0 {
-		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is not an address of this node (kube-proxy's iptables "+
-			"mode), and traffic DNATed to it would leave the node; Pods that ask the kube-dns ClusterIP are served", skipped)
+		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is neither an address of this node (IPVS) nor a "+
+			"ClusterIP in kube-proxy's KUBE-SERVICES chain (iptables mode); Pods that ask the kube-dns ClusterIP are served", skipped)
 	}
 	// The divert goes first: it is also the word to the cache's repair loop to keep its jumps out.
 	for _, fam := range g.fams {
@@ -497,32 +497,6 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
 		removed, g.cfg.Interface, diverts)
 	return nil
-}
-
-// localDiverts keeps the diverts whose upstream is an address of this node. A DNAT ends the nat table's
-// walk for a packet, so kube-proxy's own DNAT never sees traffic the guard DNATed: the upstream ClusterIP
-// answers only where it is local (kube-ipvs0 in IPVS mode, where IPVS takes it from there). Elsewhere the
-// packets would be routed off the node, and a lookup that gets a port unreachable at once is better than one
-// that times out.
-func localDiverts(ds []rules.Divert) (kept, skipped []rules.Divert, err error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, nil, err
-	}
-	local := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			local[ip.Unmap()] = true
-		}
-	}
-	for _, d := range ds {
-		if local[d.To] {
-			kept = append(kept, d)
-		} else {
-			skipped = append(skipped, d)
-		}
-	}
-	return kept, skipped, nil
 }
 
 // removeJumpsLocked takes the cache's jumps out in every family that has them and returns how many
