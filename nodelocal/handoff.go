@@ -1,0 +1,202 @@
+package nodelocal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// A node changes hands in one of two ways.
+//
+// With a successor (a rolling update that surges): the new cache queues at the node lock (Queue) while
+// the old one serves, binds the same addresses beside it (SO_REUSEPORT), and says it is Ready once it
+// answers there. The owner sees that (Reconciler.SuccessorReady) and lets go (Reconciler.HandOff), leaving
+// link, addresses and rules as they are; the successor's Take returns a Reconciler that owns the node,
+// whose first sync finds everything in place.
+//
+// Without one (a rolling update that replaces, or any restart): the cache hands the node to the cluster
+// DNS instead of tearing it down (Reconciler.HandOver): its jumps go, so kube-proxy serves the kube-dns
+// ClusterIP again, and the other addresses are diverted to the kube-dns-upstream Service, as the fail-open
+// guard does. The next cache takes the node back as it does from the guard, once it answers.
+
+// HandoffPoll is how often a successor tries the node lock while it waits for the owner to let go.
+const HandoffPoll = 20 * time.Millisecond
+
+// Successor is a cache waiting to take a node over from the cache that owns it.
+type Successor struct {
+	cfg Config
+	q   *nodelock.Successor
+}
+
+// Queue checks cfg and puts the caller in line to succeed the node's owner, without waiting and without
+// changing anything on the node. It fails with KindNodeLock when another successor is in line, or when
+// nobody owns the node (nodelock.ErrNotHeld: call New instead).
+func Queue(cfg Config) (*Successor, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, configError("check configuration", err)
+	}
+	q, err := nodelock.Queue(cfg.LockPath)
+	if err != nil {
+		return nil, &Error{Kind: KindNodeLock, Op: "queue at the node lock", Err: err}
+	}
+	return &Successor{cfg: cfg, q: q}, nil
+}
+
+// Owner names the owner the successor waits for, as the owner wrote it into the lock file.
+func (s *Successor) Owner() string { return s.q.Owner }
+
+// Ready tells the owner that this cache answers on the node's addresses: the owner lets go.
+func (s *Successor) Ready() error {
+	if err := s.q.Ready(); err != nil {
+		return &Error{Kind: KindNodeLock, Op: "tell the owner that its successor answers", Err: err}
+	}
+	return nil
+}
+
+// Take waits until the owner lets go of the node, or dies, and returns a Reconciler that owns it. It
+// changes nothing on the node: the first Acquire finds what the owner left in place.
+func (s *Successor) Take(ctx context.Context) (*Reconciler, error) {
+	lock, err := s.q.Take(ctx, HandoffPoll)
+	if err != nil {
+		return nil, &Error{Kind: KindNodeLock, Op: "take the node over", Err: err}
+	}
+	r, err := newReconciler(s.cfg, lock)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close leaves the line without taking the node over.
+func (s *Successor) Close() error { return s.q.Close() }
+
+// SuccessorReady reports whether a successor waits in line and answers on the node's addresses.
+func (r *Reconciler) SuccessorReady() (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false, ErrClosed
+	}
+	ready, err := r.lock.SuccessorReady()
+	if err != nil {
+		return false, &Error{Kind: KindNodeLock, Op: "look for a successor", Err: err}
+	}
+	return ready, nil
+}
+
+// HandOff lets a successor take the node: it releases every lease and the node lock and leaves the link,
+// the addresses and the rules in place. It is Close, named for what it is for.
+func (r *Reconciler) HandOff() error { return r.Close() }
+
+// Handover says how a cache hands its node to the cluster DNS.
+type Handover struct {
+	// ServiceAddresses are those of the cache's addresses that are kube-proxy Service ClusterIPs (the
+	// kube-dns ClusterIP): once the jumps are out kube-proxy's DNAT serves them, and RemoveAddresses takes
+	// them off the link.
+	ServiceAddresses []netip.Addr
+	// Upstream holds the kube-dns-upstream ClusterIP, one per family. The cache's other addresses (the
+	// link-local one) are diverted to that Service, as GuardConfig.Upstream says.
+	Upstream []netip.Addr
+}
+
+// HandOver hands the node's DNS to the cluster DNS instead of tearing it down. In this order, so that no
+// lookup finds nobody: it writes the fail-open guard's divert, which sends the addresses that are not
+// Service addresses to the kube-dns-upstream Service (rules.Guard; while the jumps are in place nothing
+// reaches it); it takes the cache's jumps out, so that new lookups meet kube-proxy's DNAT and the divert.
+// The addresses stay on the link, and the chains stay: lookups already queued on the cache's sockets are
+// still answered from there. Take the Service addresses off with RemoveAddresses once the sockets are
+// idle, then Close. The divert is also the word to the next cache (Reconciler.Reclaim, Lease.EnableRules)
+// that the node waits for it to answer.
+func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules.Divert, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	if r.cfg.NoRules {
+		return nil, configError("hand the node over", errors.New("the rules are someone else's (NoRules)"))
+	}
+	addrs := r.wantedLocked().addrs
+	if len(addrs) == 0 {
+		return nil, nil
+	}
+	gc := GuardConfig{Addresses: addrs, ServiceAddresses: unmapAll(h.ServiceAddresses), Upstream: h.Upstream}.withDefaults()
+	gc.ServiceAddresses = slices.DeleteFunc(gc.ServiceAddresses, func(a netip.Addr) bool { return !slices.Contains(addrs, a) })
+	ds, undiverted, err := gc.diverts()
+	if err != nil {
+		return nil, configError("hand the node over", err)
+	}
+	for i := range ds {
+		ds[i].Port = r.dnsPortLocked(ds[i].From)
+	}
+	if err := r.ensureBackendLocked(ctx); err != nil {
+		return nil, err
+	}
+	kept, skipped, err := resolveDiverts(ctx, r.rules, ds)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range skipped {
+		undiverted = append(undiverted, d.From)
+	}
+	if len(undiverted) > 0 {
+		r.log.Warningf("nodelocal: handing over without a divert for %v: no kube-dns-upstream address of their family, or kube-proxy serves it neither on this node (IPVS) nor in KUBE-SERVICES (iptables mode)", undiverted)
+	}
+	var fams []rules.Family
+	for _, a := range addrs {
+		if fam := rules.FamilyOf(a); !slices.Contains(fams, fam) {
+			fams = append(fams, fam)
+		}
+	}
+	for _, fam := range fams {
+		if _, err := r.rules.Sync(ctx, rules.Guard(fam, kept)); err != nil {
+			return nil, rulesError(fmt.Sprintf("write the %s divert", fam), err)
+		}
+	}
+	for _, fam := range fams {
+		if err := r.rules.RemoveJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{})); err != nil {
+			return kept, rulesError(fmt.Sprintf("remove the %s jumps", fam), err)
+		}
+	}
+	r.statusMu.Lock()
+	r.status.GuardFailedOpen = true
+	r.status.RulesPresent = false
+	r.statusMu.Unlock()
+	return kept, nil
+}
+
+// RemoveAddresses takes addrs off the link, those of them that are there and that we added; the leases
+// still claim them, so a later sync puts them back. It returns those removed.
+func (r *Reconciler) RemoveAddresses(ctx context.Context, addrs []netip.Addr) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	if r.link == nil || len(addrs) == 0 {
+		return nil, nil
+	}
+	removed, err := r.link.RemoveAddresses(ctx, unmapAll(addrs))
+	if err != nil {
+		return removed, linkError("remove "+fmt.Sprint(addrs)+" from "+r.cfg.Interface, err)
+	}
+	return removed, nil
+}
+
+// dnsPortLocked returns the DNS port a lease claims for a; the default when none does.
+func (r *Reconciler) dnsPortLocked(a netip.Addr) uint16 {
+	for l := range r.leases {
+		if slices.Contains(l.claim.Addresses, a) {
+			return l.claim.DNSPort
+		}
+	}
+	return DefaultDNSPort
+}
