@@ -23,7 +23,6 @@ const kubeProxyUpstream = `*nat
 COMMIT
 `
 
-
 // TestHandOverAndTakeBack hands the node to the cluster DNS as a cache without a successor does at exit,
 // and lets the next cache take it back once it answers.
 func TestHandOverAndTakeBack(t *testing.T) {
