@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -64,6 +63,8 @@ type node struct {
 	endLife context.CancelFunc
 
 	probe probeRules
+
+	handoff handoffState
 }
 
 type sharedLease struct {
@@ -118,8 +119,18 @@ func (n *node) start(in *instance) error {
 		log.Infof("no_interface and no_rules: leaving the addresses and the rules to others")
 		return nil
 	}
+	if n.handoff.successor != nil || n.handoff.handedOff {
+		// A reload while the node changes hands: the owner's leases are taken over as a whole (succeed,
+		// retakeIfOrphaned), or not at all.
+		n.live[in] = struct{}{}
+		n.settings = in.settings
+		return nil
+	}
 	if n.rec == nil {
 		rec, err := nodelocal.New(in.settings.reconcilerConfig())
+		if err != nil && first && nodelocal.KindOf(err) == nodelocal.KindNodeLock {
+			return n.startAsSuccessor(in, err)
+		}
 		if err != nil {
 			countSetupError(err)
 			return fmt.Errorf("set up the node: %w", err)
@@ -147,6 +158,9 @@ func (n *node) start(in *instance) error {
 	n.live[in] = struct{}{}
 	n.settings = in.settings
 	n.ensureRepairLoop(life)
+	if first {
+		n.watchSuccessor(life)
+	}
 	n.updateGauges()
 	if n.settings.NoRules {
 		return nil
@@ -289,6 +303,7 @@ func (n *node) finalShutdown(reason string) error {
 	for in := range n.live {
 		in.cancel()
 	}
+	endpoints := n.liveEndpoints()
 	clear(n.live)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
@@ -297,10 +312,18 @@ func (n *node) finalShutdown(reason string) error {
 	if n.probe.active() {
 		errs = append(errs, n.probe.removeAll(ctx))
 	}
+	if n.leaveToSuccessor(ctx, reason, endpoints) {
+		return errors.Join(errs...)
+	}
 	if n.rec == nil {
 		return errors.Join(errs...)
 	}
 	name := n.settings.Interface
+	if h, ok := n.settings.handoverConfig(); ok && !n.settings.NoRules && n.handOverAtExit(reason, h, endpoints) {
+		n.closeLocked()
+		n.rulesLogged = false
+		return errors.Join(errs...)
+	}
 	if n.settings.SkipTeardown {
 		log.Infof("%s: skip_teardown: leaving the rules and the addresses on %s in place", reason, name)
 		if err := errors.Join(errs...); err != nil {
@@ -603,7 +626,8 @@ func targetList(targets []probeTarget) string {
 // without any shutdown callback.
 func checkListen(dns, tcp []string) error {
 	for _, a := range tcp {
-		l, err := net.Listen("tcp", a)
+		// With SO_REUSEPORT, as health, ready and prometheus listen: a successor listens beside its owner.
+		l, err := reuseport.Listen("tcp", a)
 		if err != nil {
 			return fmt.Errorf("cannot listen on %s/tcp: %w", a, err)
 		}
