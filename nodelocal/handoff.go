@@ -75,6 +75,40 @@ func (s *Successor) Take(ctx context.Context) (*Reconciler, error) {
 	return r, nil
 }
 
+// OwnerEndpoints returns the addresses and DNS ports the owner's rules cover (their UDP endpoints), read
+// from the node; none while the owner has no rules. A successor must serve all of them, or it would take
+// over a node it cannot serve: a stray instance on another port is not a successor.
+func (s *Successor) OwnerEndpoints(ctx context.Context) ([]netip.AddrPort, error) {
+	if s.cfg.NoRules {
+		return nil, nil
+	}
+	mode, err := rules.ParseMode(s.cfg.Backend)
+	if err != nil {
+		return nil, configError("select iptables backend", err)
+	}
+	b, err := rules.Select(ctx, mode)
+	if err != nil {
+		return nil, rulesError("select iptables backend", err)
+	}
+	m := rules.NewManager(b, rules.ManagerOptions{LockWait: s.cfg.LockWait})
+	var out []netip.AddrPort
+	for _, fam := range rules.Families {
+		if _, err := b.Tools(fam); err != nil {
+			continue // no tools for the family: no rules of it
+		}
+		eps, err := m.CachedEndpoints(ctx, fam, rules.NodeCacheSpec{})
+		if err != nil {
+			return nil, rulesError(fmt.Sprintf("read the owner's %s rules", fam), err)
+		}
+		for _, e := range eps {
+			if e.Protocol == rules.UDP {
+				out = append(out, netip.AddrPortFrom(e.Addr, e.Port))
+			}
+		}
+	}
+	return out, nil
+}
+
 // Close leaves the line without taking the node over.
 func (s *Successor) Close() error { return s.q.Close() }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -96,4 +97,28 @@ func TestGuardRulesetMixesJumpAndDNAT(t *testing.T) {
 	if len(rules) != 2 || target(rules[0]) != "KUBE-SVC-X" || target(rules[1]) != "DNAT" {
 		t.Fatalf("rules %v: want UDP through kube-proxy's chain, TCP DNATed", rules)
 	}
+}
+
+func TestCachedEndpoints(t *testing.T) {
+	inNamespace(t, func(t *testing.T, m *Manager) {
+		ctx := context.Background()
+		if eps, err := m.CachedEndpoints(ctx, IPv4, NodeCacheSpec{}); err != nil || len(eps) != 0 {
+			t.Fatalf("without rules: %v, %v", eps, err)
+		}
+		rs := testRuleset(IPv4)
+		if _, err := m.Sync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		eps, err := m.CachedEndpoints(ctx, IPv4, NodeCacheSpec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Endpoints([]netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("169.254.20.10")}, 53, []uint16{8080})
+		if !slices.Equal(eps, want) {
+			t.Errorf("CachedEndpoints = %v, want %v", eps, want)
+		}
+		if err := m.Delete(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -73,6 +73,11 @@ func (n *node) startAsSuccessor(in *instance, lockErr error) error {
 		countSetupError(err)
 		return fmt.Errorf("set up the node: %w; and it cannot wait to take the node over: %w", lockErr, err)
 	}
+	if err := servesWhatTheOwnerServes(q, in.keys()); err != nil {
+		q.Close()
+		countSetupError(err)
+		return fmt.Errorf("%w; and this instance cannot take the node over: %w", lockErr, err)
+	}
 	if err := addressesOnNode(in.keys()); err != nil {
 		q.Close()
 		countSetupError(err)
@@ -87,6 +92,28 @@ func (n *node) startAsSuccessor(in *instance, lockErr error) error {
 	n.settings = in.settings
 	log.Infof("another instance owns this node (%s): serving beside it, and taking the node over once this server answers", q.Owner())
 	go n.succeed(in, q)
+	return nil
+}
+
+// servesWhatTheOwnerServes checks that the instance serves every address and DNS port the owner's rules
+// cover: an instance that does not (a stray copy on another port, say) must not take the node.
+func servesWhatTheOwnerServes(q *nodelocal.Successor, keys []claimKey) error {
+	ctx, cancel := context.WithTimeout(context.Background(), acquireTimeout)
+	defer cancel()
+	owner, err := q.OwnerEndpoints(ctx)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, e := range owner {
+		if !slices.ContainsFunc(keys, func(k claimKey) bool { return k.addr == e.Addr() && k.port == e.Port() }) {
+			missing = append(missing, e.String())
+		}
+	}
+	if len(missing) > 0 {
+		return &nodelocal.Error{Kind: nodelocal.KindConfig, Op: "compare with the owner",
+			Err: fmt.Errorf("the owner serves %s, which this instance does not: a successor serves at least what its owner serves", strings.Join(missing, ", "))}
+	}
 	return nil
 }
 
