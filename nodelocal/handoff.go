@@ -112,6 +112,35 @@ func (s *Successor) OwnerEndpoints(ctx context.Context) ([]netip.AddrPort, error
 // Close leaves the line without taking the node over.
 func (s *Successor) Close() error { return s.q.Close() }
 
+// AcquireAll acquires a lease for each claim, with its rules (DeferRules is ignored), in one sync: for a
+// cache that answers on all of them already and takes over a node that holds them (a successor, or an
+// owner taking its node back). Unlike Acquire it keeps the leases when the sync fails, and never tears
+// anything down: what is on the node is the previous owner's work, and Run retries. It takes the node
+// back from the fail-open guard as EnableRules does.
+func (r *Reconciler) AcquireAll(ctx context.Context, claims []Claim) ([]*Lease, error) {
+	normalized := make([]Claim, 0, len(claims))
+	for _, c := range claims {
+		c, err := c.normalize()
+		if err != nil {
+			return nil, configError("check claim", err)
+		}
+		normalized = append(normalized, c)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	leases := make([]*Lease, 0, len(normalized))
+	for _, c := range normalized {
+		l := &Lease{r: r, claim: c, rules: true}
+		r.leases[l] = struct{}{}
+		leases = append(leases, l)
+	}
+	r.noteLeases()
+	return leases, r.syncLocked(ctx, true, true, true)
+}
+
 // SuccessorReady reports whether a successor waits in line and answers on the node's addresses.
 func (r *Reconciler) SuccessorReady() (bool, error) {
 	r.mu.Lock()

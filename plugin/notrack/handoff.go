@@ -183,34 +183,41 @@ func (n *node) succeed(in *instance, q *nodelocal.Successor) {
 	n.steerToThisProcess(life, in)
 }
 
-// acquireAnswering acquires the leases of every live instance, with their rules: this server answers on
-// their addresses. n.mu is held.
+// acquireAnswering acquires the leases of every live instance, with their rules, in one sync: this server
+// answers on their addresses. n.mu is held.
 func (n *node) acquireAnswering(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, acquireTimeout)
 	defer cancel()
-	var errs []error
+	var keys []claimKey
 	for in := range n.live {
-		for _, k := range in.keys() {
-			if sl, ok := n.leases[k]; ok {
-				sl.refs++
-				continue
-			}
-			lease, err := n.rec.Acquire(ctx, k.claim(true))
-			if err != nil {
-				countSetupError(err)
-				errs = append(errs, fmt.Errorf("put %s in place: %w", k, err))
-				continue
-			}
-			sl := &sharedLease{lease: lease, refs: 1, rules: true}
-			n.leases[k] = sl
-			if err := lease.EnableRules(ctx); err != nil {
-				// The rules stay wanted; the repair loop retries them.
-				countSetupError(err)
-				errs = append(errs, err)
-			}
+		keys = append(keys, in.keys()...)
+	}
+	claims := make([]nodelocal.Claim, 0, len(keys))
+	var unique []claimKey
+	for _, k := range keys {
+		if sl, ok := n.leases[k]; ok {
+			sl.refs++
+			continue
+		}
+		if i := slices.Index(unique, k); i >= 0 {
+			continue
+		}
+		unique = append(unique, k)
+		claims = append(claims, k.claim(false))
+	}
+	leases, err := n.rec.AcquireAll(ctx, claims)
+	for i, l := range leases {
+		n.leases[unique[i]] = &sharedLease{lease: l, rules: true}
+	}
+	for _, k := range keys {
+		if sl := n.leases[k]; sl != nil && slices.Contains(unique, k) {
+			sl.refs++
 		}
 	}
-	return errors.Join(errs...)
+	if err != nil {
+		countSetupError(err)
+	}
+	return err
 }
 
 // probeTargets returns every endpoint of the instance with its probe name, sorted.
@@ -521,6 +528,7 @@ func (n *node) leaveToSuccessor(ctx context.Context, reason string, endpoints []
 		return false // taken back: the usual exit
 	}
 	n.drainSockets(reason, endpoints)
+	n.handoff.handedOff = false // done: a later shutdown callback finds nothing to do
 	log.Infof("%s: left the link, the addresses and the rules to the successor", reason)
 	return true
 }

@@ -88,6 +88,8 @@ type rig struct {
 	clusterDNS *simnode.Process
 	// noCache leaves the cache plugin out of the Corefile: every lookup goes to the cluster DNS.
 	noCache bool
+	// handover makes the cache hand the node to the cluster DNS at exit instead of tearing it down.
+	handover bool
 	// listen are the cache's addresses: the link-local one and the kube-dns ClusterIP (iptables mode),
 	// or the link-local one only (IPVS mode).
 	listen []string
@@ -109,19 +111,26 @@ func (r *rig) corefile(port int) string {
 	if r.noCache {
 		cache = ""
 	}
+	handover := ""
+	if r.handover {
+		handover = "\n        handover " + simnode.UpstreamClusterIP
+		if has(r.listen, simnode.KubeDNSClusterIP) {
+			handover += "\n        service " + simnode.KubeDNSClusterIP
+		}
+	}
 	return fmt.Sprintf(`.:%d {
     bind %s
     notrack {
         sync 1s
         backend %s
-        lock %s
+        lock %s%s
     }
     prometheus %s
     errors
     %s
     forward . %s:53
 }
-`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, cache, simnode.UpstreamClusterIP)
+`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), handover, cacheMetrics, cache, simnode.UpstreamClusterIP)
 }
 
 func (r *rig) writeCorefile(content string) {
