@@ -490,6 +490,9 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 	if _, err := g.removeJumpsLocked(ctx); err != nil {
 		return err
 	}
+	if _, err := ForgetLocalFlows(DivertEndpoints(diverts)); err != nil {
+		g.log.Warningf("nodelocal guard: %v", err)
+	}
 	removed, err := g.link.RemoveAddresses(ctx, g.cfg.ServiceAddresses)
 	if err != nil {
 		return linkError("remove the Service addresses from "+g.cfg.Interface, err)

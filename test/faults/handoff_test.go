@@ -38,25 +38,16 @@ func (r *rig) runLoad(done <-chan struct{}) map[string]simnode.LoadResult {
 		results = map[string]simnode.LoadResult{}
 		wg      sync.WaitGroup
 	)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		minimum := time.NewTimer(restartLoadMin)
-		defer minimum.Stop()
-		<-minimum.C
-		<-done
-		cancel()
-	}()
 	for _, server := range []string{kubeDNS, linkLocal} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := r.n.RunLoad(ctx, r.n.PodNS, simnode.Load{
+			res, err := r.n.RunLoad(context.Background(), r.n.PodNS, simnode.Load{
 				Server: server, Name: "kubernetes.default.svc.cluster.local",
-				Rate: restartLoadRate, Duration: 10 * time.Minute, Timeout: time.Second,
+				Rate: restartLoadRate, Duration: restartLoadMin, Until: done, Timeout: time.Second,
 				Workers: 64, SocketReuse: 20,
 			})
-			if err != nil && ctx.Err() == nil {
+			if err != nil {
 				r.t.Errorf("load to %s: %v", server, err)
 			}
 			mu.Lock()

@@ -19,10 +19,13 @@ type Load struct {
 	Server string
 	// Name is the question (type A); it should have an answer wherever the lookups may land.
 	Name string
-	// Rate is the lookups per second; Duration how long they are sent for; Timeout what each waits.
+	// Rate is the lookups per second; Duration how long they are sent for (at least, with Until), Timeout
+	// what each waits.
 	Rate     int
 	Duration time.Duration
 	Timeout  time.Duration
+	// Until, when not nil, keeps the load going after Duration until it is closed.
+	Until <-chan struct{}
 	// Workers is how many lookups may wait at once; each worker takes a fresh socket (a fresh source
 	// port, as a resolver does) every SocketReuse lookups.
 	Workers     int
@@ -123,19 +126,25 @@ func (n *Node) RunLoad(ctx context.Context, ns string, l Load) (LoadResult, erro
 		defer close(tokens)
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
-		total := int64(float64(l.Rate) * l.Duration.Seconds())
-		for issued := int64(0); issued < total; {
+		minimum := int64(float64(l.Rate) * l.Duration.Seconds())
+		until := l.Until
+		for issued := int64(0); ; {
 			stop := false
 			select {
 			case <-ctx.Done():
 				stop = true // after the lookups due until now
+			case <-until:
+				until = nil // closed: the minimum alone counts from now on
 			case <-t.C:
 			}
-			due := min(int64(time.Since(start).Seconds()*float64(l.Rate)), total)
+			due := int64(time.Since(start).Seconds() * float64(l.Rate))
+			if until == nil {
+				due = min(due, minimum)
+			}
 			for ; issued < due; issued++ {
 				tokens <- time.Since(start)
 			}
-			if stop {
+			if stop || (until == nil && issued >= minimum) {
 				return
 			}
 		}
