@@ -37,17 +37,25 @@ func addrs(ss ...string) []netip.Addr {
 	return out
 }
 
+// handover is node-cache's default in drop-in mode: at exit the node goes to the cluster DNS until the
+// next start answers. Its addresses come from the Service variables of the container's environment, which
+// a Config written here does not know.
+var handover = corefile.Notrack{Handover: true}
+
 // Manifests lists the manifests in this directory.
 var Manifests = []Manifest{
 	{File: "nodelocaldns-iptables.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
+		Notrack: handover,
 	}},
 	{File: "nodelocaldns-ipvs.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPVS, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
+		Notrack: handover,
 	}},
 	{File: "nodelocaldns-dualstack.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10", "fd00:169:254::10"),
 		ClusterDNSIPs: addrs("10.96.0.10", "fd00:10:96::a"),
+		Notrack:       handover,
 	}},
 }
 
