@@ -145,3 +145,34 @@ func rulesText(rs []rules.Rule) string {
 	}
 	return b.String()
 }
+
+// TestCleanup removes what a handed-over node holds: chains without jumps, the divert, the link.
+func TestCleanup(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		e.restore(rules.IPv4, kubeProxyUpstream)
+		r := e.reconciler()
+		e.acquire(r, Claim{Addresses: []netip.Addr{addrA, guardClusterIP}})
+		if _, err := r.HandOver(ctx, Handover{ServiceAddresses: []netip.Addr{guardClusterIP}, Upstream: []netip.Addr{guardUpstreamIP}}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := Config{Backend: string(e.mode), LockPath: e.lock, Logger: e.log}
+		if err := Cleanup(ctx, cfg); KindOf(err) != KindNodeLock {
+			t.Fatalf("Cleanup while a cache owns the node: %v, want a node_lock error", err)
+		}
+		r.Close()
+		if err := Cleanup(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := e.guardChain(); ok {
+			t.Error("the divert is still there")
+		}
+		if e.ruleCount() != 0 {
+			t.Errorf("%d rules left", e.ruleCount())
+		}
+		e.expectNoLink(DefaultInterface)
+		if err := Cleanup(ctx, cfg); err != nil {
+			t.Errorf("a second Cleanup: %v", err)
+		}
+	})
+}

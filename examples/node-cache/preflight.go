@@ -63,7 +63,7 @@ func runPreflight(w io.Writer, nc *nodeCacheFlags, g *guardFlags, p *preflightFl
 	return nil
 }
 
-// runSideMode runs the -guard or -preflight mode when one is asked for and exits with its status. Without
+// runSideMode runs the -guard, -preflight or -cleanup mode when one is asked for and exits with its status. Without
 // either it returns, and the binary goes on as the cache.
 func runSideMode() {
 	if ran, code := sideMode(); ran {
@@ -73,10 +73,22 @@ func runSideMode() {
 
 func sideMode() (bool, int) {
 	flag.Parse()
+	modes := 0
+	for _, on := range []bool{guardOpts.enabled, preflightOpts.enabled, cleanupOpts.enabled} {
+		if on {
+			modes++
+		}
+	}
 	switch {
-	case guardOpts.enabled && preflightOpts.enabled:
-		fmt.Fprintln(os.Stderr, "node-cache: -guard and -preflight exclude each other")
+	case modes > 1:
+		fmt.Fprintln(os.Stderr, "node-cache: -guard, -preflight and -cleanup exclude each other")
 		return true, 2
+	case cleanupOpts.enabled:
+		if err := runCleanup(os.Stdout, nodeCache, guardOpts, cleanupOpts); err != nil {
+			fmt.Fprintf(os.Stderr, "node-cache -cleanup: %v\n", err)
+			return true, 1
+		}
+		return true, 0
 	case guardOpts.enabled:
 		if err := runGuard(flag.CommandLine, nodeCache, guardOpts); err != nil {
 			fmt.Fprintf(os.Stderr, "node-cache -guard: %v\n", err)

@@ -323,3 +323,73 @@ func TestSuccessorThatNeverAnswersDoesNotTakeTheNode(t *testing.T) {
 		t.Fatalf("the owner exited: %v", old.Wait(0))
 	}
 }
+
+// TestGuardFailsOpenForLinkLocalClientsInIPTablesMode: on an iptables-mode node (the kube-dns-upstream
+// ClusterIP is not an address of the node), Pods that ask the link-local address keep resolving after the
+// cache is SIGKILLed: the guard diverts the address through kube-proxy's chain of kube-dns-upstream.
+func TestGuardFailsOpenForLinkLocalClientsInIPTablesMode(t *testing.T) {
+	r := newRig(t, "nft")
+	r.startCache()
+	r.startGuard()
+	samples := r.killCacheWhileQuerying(linkLocal)
+	span, failed := failureSpan(samples)
+	if !recoveredAfterFailure(samples) {
+		t.Fatalf("lookups to the link-local address did not recover (%d of %d failed)\nguard:\n%s", failed, len(samples), r.guard.Output())
+	}
+	t.Logf("link-local address, iptables mode: %d lookups failed over %v after SIGKILL", failed, span.Round(time.Millisecond))
+	// Pods that ask the ClusterIP resolve too, and the restarted cache takes both back.
+	if err := r.podQuery(kubeDNS); err != nil {
+		t.Errorf("kube-dns ClusterIP while failed open: %v", err)
+	}
+	r.startCache()
+	r.waitFor("guard watches again", 10*time.Second, func() bool {
+		v, err := r.scrape(guardMetrics, "coredns_nodecache_guard_state", "")
+		return err == nil && v == 0
+	})
+	r.checkServedUntracked()
+}
+
+// TestCleanupMode: `node-cache -cleanup` refuses to run while a cache owns the node, and after the cache
+// handed the node over (an uninstall) it leaves nothing behind.
+func TestCleanupMode(t *testing.T) {
+	r := newHandoverRig(t)
+	cache := r.startCache()
+	args := []string{"-cleanup", "-lockfile", filepath.Join(r.dir, "nodelocaldns.lock"), "-guard.backend", r.backend}
+	if out, err := r.n.In(context.Background(), r.n.NodeNS, r.bin, args...); err == nil || !strings.Contains(out, "another instance owns this node") {
+		t.Fatalf("-cleanup while the cache runs: %v\n%s", err, out)
+	}
+	r.stop(cache)
+	if _, err := r.ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); err != nil || r.linkAddrs() == nil {
+		t.Fatalf("the cache did not hand the node over: %v, link %v", err, r.linkAddrs())
+	}
+	out, err := r.n.In(context.Background(), r.n.NodeNS, r.bin, args...)
+	if err != nil {
+		t.Fatalf("-cleanup: %v\n%s", err, out)
+	}
+	if _, err := r.ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); err == nil {
+		t.Error("the divert is left")
+	}
+	if r.anyJump() || r.chainRules("raw", "NODELOCALDNS") != -1 || r.chainRules("filter", "NODELOCALDNS") != -1 {
+		t.Error("rules left behind")
+	}
+	if r.linkAddrs() != nil {
+		t.Errorf("link left behind with %v", r.linkAddrs())
+	}
+	if err := r.podQuery(kubeDNS); err != nil {
+		t.Errorf("Pods do not resolve through kube-proxy after the clean-up: %v", err)
+	}
+}
+
+// TestGuardWaitsForTheGuardItReplaces: with -guard.wait a second guard (a surge Pod's) waits while the
+// first runs, and takes over when it exits.
+func TestGuardWaitsForTheGuardItReplaces(t *testing.T) {
+	r := newRig(t, "nft")
+	r.startCache()
+	first := r.startGuard()
+	second := r.n.Start(r.n.NodeNS, r.bin, "-guard", "-guard.wait", "-localip", strings.Join(r.listen, ","),
+		"-guard.serviceips", simnode.KubeDNSClusterIP, "-guard.upstreamips", simnode.UpstreamClusterIP,
+		"-guard.backend", r.backend, "-guard.lockpath", filepath.Join(r.dir, "guard.lock"))
+	r.waitLog(second, "waiting for the guard that runs on this node to exit", 1, 10*time.Second)
+	r.stop(first)
+	r.waitLog(second, "nodelocal guard: watching", 1, 10*time.Second)
+}
