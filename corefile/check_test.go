@@ -239,7 +239,7 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 		t.Errorf("173 MiB is enough: %v", hazards)
 	}
 	// With log, wirecache steps aside and holds nothing.
-	logged := strings.Replace(string(out), "    wirecache\n", "    wirecache\n    log\n", 1)
+	logged := strings.Replace(string(out), "    wirecache {\n", "    log\n    wirecache {\n", 1)
 	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 128 << 20})
 	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "(and wirecache 30000)") {
 		t.Errorf("got %v", hazards)

@@ -68,6 +68,8 @@ type Config struct {
 	Clamp Clamp
 	// WireCache configures the hit cache in front of every block.
 	WireCache WireCache
+	// ServeStale configures the answers the caches give while the upstream does not answer.
+	ServeStale ServeStale
 	// Log adds the log plugin to the cluster-domain block (and takes wirecache out of it, since a query
 	// answered by wirecache is never logged).
 	Log bool
@@ -119,6 +121,53 @@ type WireCache struct {
 	Disabled bool
 	// Capacity is its entry count; zero means the plugin's default.
 	Capacity int
+}
+
+// ServeStale is serving expired answers while the upstream does not answer (RFC 8767): the serve_stale of
+// every cache and wirecache. The zero value is the default: an hour, TTL 5 s, a 1 s wait for the upstream.
+type ServeStale struct {
+	// Disabled leaves serve_stale out: an answer is never served past its TTL.
+	Disabled bool
+	// For is how long past its expiry an answer may still be served; default 1h.
+	For time.Duration
+	// TTL is the TTL of a stale answer, whole seconds; default 5s, clamp's default MIN, so clients ask
+	// again soon and see the upstream's answer within seconds of its return.
+	TTL time.Duration
+	// Verify is how long the cache waits for the upstream to refresh an expired answer before it serves
+	// the answer stale (the refresh goes on and updates the cache when it succeeds); default 1s.
+	Verify time.Duration
+}
+
+// Defaults of ServeStale.
+const (
+	DefaultServeStaleFor    = time.Hour
+	DefaultServeStaleTTL    = 5 * time.Second
+	DefaultServeStaleVerify = time.Second
+)
+
+func (s ServeStale) withDefaults() ServeStale {
+	if s.For == 0 {
+		s.For = DefaultServeStaleFor
+	}
+	if s.TTL == 0 {
+		s.TTL = DefaultServeStaleTTL
+	}
+	if s.Verify == 0 {
+		s.Verify = DefaultServeStaleVerify
+	}
+	return s
+}
+
+// Validate reports what makes s impossible to write into a Corefile.
+func (s ServeStale) Validate() error {
+	var errs []error
+	if s.For < 0 || s.Verify < 0 || s.TTL < 0 {
+		errs = append(errs, fmt.Errorf("serve_stale durations are negative: for %v, TTL %v, verify %v", s.For, s.TTL, s.Verify))
+	}
+	if s.TTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("serve_stale TTL %v is not a whole number of seconds", s.TTL))
+	}
+	return errors.Join(errs...)
 }
 
 // Notrack configures the notrack plugin, which puts the bind addresses on the node-local interface and
@@ -208,6 +257,7 @@ func (c Config) withDefaults() Config {
 	if c.Notrack.Interface == "" {
 		c.Notrack.Interface = DefaultInterface
 	}
+	c.ServeStale = c.ServeStale.withDefaults()
 	return c
 }
 
@@ -269,6 +319,9 @@ func (c Config) Validate() error {
 	if c.Clamp.SuccessMin > c.Clamp.SuccessMax || c.Clamp.DenialMin > c.Clamp.DenialMax {
 		errs = append(errs, fmt.Errorf("clamp window upside down: success %d..%d, denial %d..%d",
 			c.Clamp.SuccessMin, c.Clamp.SuccessMax, c.Clamp.DenialMin, c.Clamp.DenialMax))
+	}
+	if err := c.ServeStale.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.WireCache.Capacity < 0 {
 		errs = append(errs, fmt.Errorf("wirecache capacity is negative: %d", c.WireCache.Capacity))

@@ -55,6 +55,10 @@ type Expansion struct {
 	NotrackPorts []uint16
 	// Port is the DNS port of stub-domain blocks when the base Corefile has no `.` block to copy.
 	Port uint16
+	// ServeStale, when set, is added to every cache and wirecache directive that has no serve_stale, so
+	// a base Corefile written before serve_stale (upstream's template) keeps answering through an
+	// upstream outage. A block keeps its own serve_stale; `serve_stale 0s` in a cache turns it off.
+	ServeStale *ServeStale
 }
 
 // Expand turns a base Corefile into the Corefile node-cache runs: it fills in the template variables, turns
@@ -94,6 +98,9 @@ func Expand(base []byte, e Expansion, kd KubeDNS) ([]byte, error) {
 	}
 	if err := addStubDomains(f, kd.StubDomains, e.Port); err != nil {
 		return nil, err
+	}
+	if e.ServeStale != nil {
+		addServeStale(f, *e.ServeStale)
 	}
 	if err := checkLeftovers(f); err != nil {
 		return nil, err
@@ -358,6 +365,29 @@ func formatDuration(d time.Duration) string {
 		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
 	}
 	return d.String()
+}
+
+// addServeStale puts serve_stale into every cache and wirecache directive that has none. A wirecache in a
+// block with log steps aside and would hold nothing, but its serve_stale is still written: the block may
+// lose its log on the next ConfigMap edit.
+func addServeStale(f *File, s ServeStale) {
+	for _, b := range f.Blocks {
+		for _, d := range b.Directives {
+			if d.Option("serve_stale") != nil {
+				continue
+			}
+			switch d.Name {
+			case "cache":
+				o := cacheServeStale(s)
+				o.Line = d.Line
+				d.Block = append(d.Block, o)
+			case "wirecache":
+				o := wireCacheServeStale(s)
+				o.Line = d.Line
+				d.Block = append(d.Block, o)
+			}
+		}
+	}
 }
 
 // Directives a stub-domain block does not copy from the `.` block: they open one listener per process.

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func readTestdata(t *testing.T, name string) []byte {
@@ -32,6 +33,7 @@ func upstreamFlags() Expansion {
 		Notrack:      &Notrack{},
 		NotrackPorts: []uint16{8080},
 		Port:         53,
+		ServeStale:   &ServeStale{},
 	}
 }
 
@@ -97,11 +99,72 @@ func TestExpandUpstreamTemplate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bytes.Contains(got, []byte("notrack")) || bytes.Contains(got, []byte("upstreamsvc")) ||
+		if bytes.Contains(got, []byte("notrack")) || bytes.Contains(got, []byte("upstreamsvc")) || bytes.Contains(got, []byte("serve_stale")) ||
 			!bytes.Contains(got, []byte("forward . 10.96.0.20 {\n        force_tcp")) {
 			t.Errorf("unexpected Corefile:\n%s", got)
 		}
 	})
+}
+
+// TestExpandServeStale: every cache and wirecache without serve_stale gets the one asked for; one written in
+// the base Corefile, `serve_stale 0s` (off) included, is kept.
+func TestExpandServeStale(t *testing.T) {
+	base := `cluster.local:53 {
+    wirecache
+    cache {
+        success 9984 30
+    }
+    forward . 10.96.0.20
+}
+in-addr.arpa:53 {
+    wirecache {
+        serve_stale 10m 2s
+    }
+    cache 30 {
+        serve_stale 0s
+    }
+    forward . 10.96.0.20
+}
+.:53 {
+    cache 30
+    forward . /etc/resolv.conf
+}
+`
+	got, err := Expand([]byte(base), Expansion{ServeStale: &ServeStale{For: 30 * time.Minute}}, KubeDNS{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `cluster.local:53 {
+    wirecache {
+        serve_stale 30m 5s
+    }
+    cache {
+        success 9984 30
+        serve_stale 30m verify 1s 5s
+    }
+    forward . 10.96.0.20
+}
+
+in-addr.arpa:53 {
+    wirecache {
+        serve_stale 10m 2s
+    }
+    cache 30 {
+        serve_stale 0s
+    }
+    forward . 10.96.0.20
+}
+
+.:53 {
+    cache 30 {
+        serve_stale 30m verify 1s 5s
+    }
+    forward . /etc/resolv.conf
+}
+`
+	if string(got) != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
 }
 
 func TestExpandSubstitution(t *testing.T) {

@@ -2,7 +2,21 @@ package corefile
 
 import (
 	"strconv"
+	"time"
 )
+
+// staleDuration writes a serve_stale duration in its largest whole unit: "1h", "30m", "5s", "1500ms".
+func staleDuration(d time.Duration) string {
+	switch {
+	case d > 0 && d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d > 0 && d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return d.String()
+}
 
 // reverseZones are served like the cluster domain, since the cluster DNS answers PTR queries for Pod and
 // Service IPs.
@@ -53,11 +67,17 @@ func Template(c Config) ([]byte, error) {
 			if c.WireCache.Capacity > 0 {
 				wc.Block = []*Directive{{Name: "capacity", Args: []string{strconv.Itoa(c.WireCache.Capacity)}}}
 			}
+			if !c.ServeStale.Disabled {
+				wc.Block = append(wc.Block, wireCacheServeStale(c.ServeStale))
+			}
 			dirs = append(dirs, wc)
 		}
 		return dirs
 	}
 	otherCache := &Directive{Name: "cache", Args: []string{strconv.Itoa(c.Cache.OtherTTL)}}
+	if !c.ServeStale.Disabled {
+		otherCache.Block = []*Directive{cacheServeStale(c.ServeStale)}
+	}
 	tail := []*Directive{{Name: "reload"}, {Name: "loop"}, bind}
 
 	f := &File{}
@@ -67,10 +87,7 @@ func Template(c Config) ([]byte, error) {
 			{Name: "success", Args: ints(c.Clamp.SuccessMin, c.Clamp.SuccessMax)},
 			{Name: "denial", Args: ints(c.Clamp.DenialMin, c.Clamp.DenialMax)},
 		}},
-		&Directive{Name: "cache", Block: []*Directive{
-			{Name: "success", Args: ints(c.Cache.SuccessCapacity, c.Cache.SuccessTTL)},
-			{Name: "denial", Args: ints(c.Cache.DenialCapacity, c.Cache.DenialTTL)},
-		}},
+		clusterCache(c),
 	)
 	cluster.Directives = append(cluster.Directives, tail...)
 	cluster.Directives = append(cluster.Directives, clusterForward(), prometheus,
@@ -97,6 +114,34 @@ func Template(c Config) ([]byte, error) {
 	return f.Format(), nil
 }
 
+// clusterCache is the cluster-domain block's cache: capacities and TTL caps per kind, and serve_stale.
+func clusterCache(c Config) *Directive {
+	d := &Directive{Name: "cache", Block: []*Directive{
+		{Name: "success", Args: ints(c.Cache.SuccessCapacity, c.Cache.SuccessTTL)},
+		{Name: "denial", Args: ints(c.Cache.DenialCapacity, c.Cache.DenialTTL)},
+	}}
+	if !c.ServeStale.Disabled {
+		d.Block = append(d.Block, cacheServeStale(c.ServeStale))
+	}
+	return d
+}
+
+// cacheServeStale is the cache plugin's serve_stale for s: serve an expired answer for s.For, after
+// asking the upstream first (verify) for at most s.Verify, with TTL s.TTL. verify, not immediate: while the
+// upstream answers, an expired answer is refreshed before it goes out, so no client sees a stale answer
+// the upstream could have replaced.
+func cacheServeStale(s ServeStale) *Directive {
+	s = s.withDefaults()
+	return &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), "verify", staleDuration(s.Verify), staleDuration(s.TTL)}}
+}
+
+// wireCacheServeStale is wirecache's serve_stale for s: its expired entries answer, with TTL s.TTL, when
+// the plugins after it fail, as the cache's would.
+func wireCacheServeStale(s ServeStale) *Directive {
+	s = s.withDefaults()
+	return &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), staleDuration(s.TTL)}}
+}
+
 // Expansion returns what node-cache's flags would fill into Template(c): the values of the template
 // variables and the notrack and upstreamsvc directives.
 func (c Config) Expansion() Expansion {
@@ -109,6 +154,10 @@ func (c Config) Expansion() Expansion {
 	}
 	u := c.Upstream
 	e.Upstream = &u
+	if !c.ServeStale.Disabled {
+		s := c.ServeStale
+		e.ServeStale = &s
+	}
 	if !c.Notrack.Disabled {
 		n := c.Notrack
 		e.Notrack = &n

@@ -61,6 +61,7 @@ var goldenConfigs = map[string]Config{
 		Cache:          Cache{SuccessCapacity: 39936, SuccessTTL: 60, DenialCapacity: 2048, DenialTTL: 10, OtherTTL: 15},
 		Clamp:          Clamp{SuccessMin: 10, DenialMin: 2},
 		WireCache:      WireCache{Capacity: 4096},
+		ServeStale:     ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 500 * time.Millisecond},
 		Log:            true,
 		HealthPort:     9080,
 		ReadyPort:      9181,
@@ -73,6 +74,7 @@ var goldenConfigs = map[string]Config{
 		Mode:          ModeIPVS,
 		Notrack:       Notrack{Disabled: true},
 		WireCache:     WireCache{Disabled: true},
+		ServeStale:    ServeStale{Disabled: true},
 	},
 }
 
@@ -192,6 +194,8 @@ func TestConfigValidate(t *testing.T) {
 		{"port clash", func(c *Config) { c.ReadyPort = 8080 }, "collide"},
 		{"metrics without port", func(c *Config) { c.MetricsAddress = "169.254.20.10" }, "metrics address"},
 		{"bad backend", func(c *Config) { c.Notrack.Backend = "ebtables" }, "backend"},
+		{"stale TTL in milliseconds", func(c *Config) { c.ServeStale.TTL = 1500 * time.Millisecond }, "whole number of seconds"},
+		{"negative stale window", func(c *Config) { c.ServeStale.For = -time.Hour }, "negative"},
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("good config: %v", err)

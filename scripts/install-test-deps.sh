@@ -14,6 +14,7 @@ declare -A package_of=(
 	[ip]=iproute2
 	[dig]=dnsutils
 	[getent]=libc-bin
+	[nft]=nftables
 )
 
 missing=()

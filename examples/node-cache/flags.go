@@ -196,6 +196,9 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 			Notrack:            &notrack,
 			NotrackPorts:       []uint16{healthPort},
 			Port:               dnsPort,
+			// Upstream's template has no serve_stale; without it, every name fails within 30 s of the
+			// cluster DNS going away.
+			ServeStale: &corefile.ServeStale{},
 		},
 	}
 	if f.reloadWithSignal {

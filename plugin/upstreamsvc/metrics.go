@@ -31,6 +31,13 @@ var (
 		Help:      "Counter of queries that failed on a replaced upstream and were retried on the current one.",
 	}, []string{"server", "zones"})
 
+	failFasts = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "failfast_total",
+		Help:      "Counter of queries answered SERVFAIL at once because every upstream address failed its health checks.",
+	}, []string{"server", "zones"})
+
 	maxConcurrentRejects = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: pluginName,

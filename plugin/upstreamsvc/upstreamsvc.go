@@ -88,7 +88,9 @@ type UpstreamSvc struct {
 // upstream is one forwarder over one address list. It is stopped once it has been replaced and the
 // last query using it has returned.
 type upstream struct {
-	fwd      *forward.Forward
+	fwd *forward.Forward
+	// proxies are fwd's, one per address, kept to read their health.
+	proxies  []*proxy.Proxy
 	inflight atomic.Int64
 	retired  atomic.Bool
 	stopOnce sync.Once
@@ -106,7 +108,26 @@ func New(cfg Config) *UpstreamSvc {
 // Name implements plugin.Handler.
 func (u *UpstreamSvc) Name() string { return pluginName }
 
-var errStopped = errors.New("upstreamsvc is not running")
+var (
+	errStopped = errors.New("upstreamsvc is not running")
+	// errAllDown is forward's ErrNoHealthy, so logs read the same as forward's failfast_all_unhealthy_upstreams.
+	errAllDown = forward.ErrNoHealthy
+)
+
+// maxFails is forward.New's max_fails: a proxy is down after more health checks than this failed in a row.
+const maxFails = 2
+
+// down reports whether every address of up failed its last health checks: the upstream is known not to
+// answer. forward health-checks a proxy only after a query to it failed, and then every HealthCheck
+// interval until a check succeeds, so down turns false again on its own once the Service answers.
+func (up *upstream) down() bool {
+	for _, p := range up.proxies {
+		if !p.Down(maxFails) {
+			return false
+		}
+	}
+	return len(up.proxies) > 0
+}
 
 // ServeDNS implements plugin.Handler.
 func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
@@ -122,6 +143,16 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 	up := u.acquire()
 	if up == nil {
 		return dns.RcodeServerFailure, errStopped
+	}
+	if up.down() {
+		// Every address failed its health checks: answer SERVFAIL now rather than after forward's
+		// connection attempts, which would keep the client waiting up to its timeout (5 s) for nothing.
+		// A cache in front serves what it holds, stale if need be. This is forward's
+		// failfast_all_unhealthy_upstreams, always on: the health checks go to the same Service over
+		// the same transport as the queries, so a failed check means a failed query.
+		u.release(up)
+		failFasts.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
+		return dns.RcodeServerFailure, errAllDown
 	}
 	rcode, err := up.fwd.ServeDNS(ctx, w, r)
 	u.release(up)
@@ -248,7 +279,8 @@ func (u *UpstreamSvc) switchTo(set upstreamSet) {
 		}
 		return
 	}
-	u.current.Store(&upstream{fwd: u.newForward(set.addrs)})
+	fwd, proxies := u.newForward(set.addrs)
+	u.current.Store(&upstream{fwd: fwd, proxies: proxies})
 	previous := u.active
 	u.active = set
 	u.publishInfo()
@@ -270,8 +302,9 @@ func (u *UpstreamSvc) publishInfo() {
 	}
 }
 
-// newForward builds CoreDNS's forwarder for addrs, with this plugin's transport and timing options.
-func (u *UpstreamSvc) newForward(addrs []string) *forward.Forward {
+// newForward builds CoreDNS's forwarder for addrs, with this plugin's transport and timing options, and
+// returns it with its proxies.
+func (u *UpstreamSvc) newForward(addrs []string) (*forward.Forward, []*proxy.Proxy) {
 	f := forward.New()
 	f.SetProxyOptions(proxy.Options{
 		ForceTCP:           !u.cfg.PreferUDP,
@@ -279,8 +312,10 @@ func (u *UpstreamSvc) newForward(addrs []string) *forward.Forward {
 		HCRecursionDesired: true,
 		HCDomain:           ".",
 	})
+	proxies := make([]*proxy.Proxy, 0, len(addrs))
 	for _, addr := range addrs {
 		p := proxy.NewProxy(proxyName, addr, transport.DNS)
+		proxies = append(proxies, p)
 		p.SetExpire(u.cfg.Expire)
 		if !u.cfg.PreferUDP {
 			p.GetHealthchecker().SetTCPTransport()
@@ -297,5 +332,5 @@ func (u *UpstreamSvc) newForward(addrs []string) *forward.Forward {
 	if u.tap != nil {
 		f.SetTapPlugin(u.tap)
 	}
-	return f
+	return f, proxies
 }

@@ -2,6 +2,7 @@ package upstreamsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -116,5 +117,67 @@ func TestSwitchKeepsInflightQuery(t *testing.T) {
 	}
 	if oldUpstream.inflight.Load() != 0 {
 		t.Errorf("old upstream still has %d queries in flight", oldUpstream.inflight.Load())
+	}
+}
+
+// TestFailFastWhileUpstreamDown stops the upstream: once its health checks have failed, queries get
+// SERVFAIL without a connection attempt, and once it answers again they are forwarded again, with no
+// restart.
+func TestFailFastWhileUpstreamDown(t *testing.T) {
+	marker := net.IPv4(192, 0, 2, 1)
+	up, err := listenUpstream("127.0.0.1", 0, marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	addr := up.tcp.Listener.Addr().String()
+	port := up.tcp.Listener.Addr().(*net.TCPAddr).Port
+
+	u := New(Config{Service: defaultService, Namespace: defaultNamespace, Expire: defaultExpire, HealthCheck: 20 * time.Millisecond})
+	u.initial = upstreamSet{addrs: []string{addr}, source: sourceFallback}
+	if err := u.OnStartup(); err != nil {
+		t.Fatal(err)
+	}
+	defer u.OnShutdown()
+	serve := func(name string) (*dns.Msg, int, error) {
+		rec := dnstest.NewRecorder(&test.ResponseWriter{})
+		rcode, err := u.ServeDNS(context.Background(), rec, new(dns.Msg).SetQuestion(name, dns.TypeA))
+		return rec.Msg, rcode, err
+	}
+	if m, _, err := serve("before.example.org."); err != nil || m == nil || len(m.Answer) != 1 {
+		t.Fatalf("before the outage: %v, %v", m, err)
+	}
+
+	up.Close()
+	// The first query after the outage goes to forward; its failed connection starts the health checks.
+	if m, rcode, err := serve("first.example.org."); rcode != dns.RcodeServerFailure || err == nil || m != nil {
+		t.Fatalf("first query of the outage: rcode %d, err %v, reply %v; want SERVFAIL with an error", rcode, err, m)
+	}
+	current := u.current.Load()
+	waitFor(t, 10*time.Second, "the upstream's health checks to fail", current.down)
+
+	before := counterSum(failFasts)
+	m, rcode, err := serve("unknown.example.org.")
+	if rcode != dns.RcodeServerFailure || !errors.Is(err, errAllDown) || m != nil {
+		t.Errorf("while down: rcode %d, err %v, reply %v; want SERVFAIL and %v, nothing written", rcode, err, m, errAllDown)
+	}
+	if n := counterSum(failFasts) - before; n != 1 {
+		t.Errorf("failfast_total grew by %.0f, want 1", n)
+	}
+	if n := current.inflight.Load(); n != 0 {
+		t.Errorf("%d queries still hold the upstream", n)
+	}
+
+	back, err := listenUpstream("127.0.0.1", port, marker)
+	if err != nil {
+		t.Fatalf("restarting the upstream on %s: %v", addr, err)
+	}
+	defer back.Close()
+	waitFor(t, 10*time.Second, "a health check to succeed", func() bool { return !current.down() })
+	if m, _, err := serve("after.example.org."); err != nil || m == nil || len(m.Answer) != 1 {
+		t.Errorf("after the outage: %v, %v", m, err)
+	}
+	if back.queries() != 1 {
+		t.Errorf("the restarted upstream got %d queries, want 1", back.queries())
 	}
 }

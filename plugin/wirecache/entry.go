@@ -358,6 +358,19 @@ func (e *entry) render(buf []byte, q *query, c client, now time.Time) (out []byt
 	if !now.Before(e.expires) {
 		return nil, false
 	}
+	elapsed := uint32(now.Sub(e.stored) / time.Second) // #nosec G115 -- bounded by the lifetime, at most maxTTL
+	return e.write(buf, q, c, elapsed, false, 0)
+}
+
+// renderStale is render for an entry that has expired: every TTL is ttl (but not below ttlFloor), the
+// TTL a stale answer carries (RFC 8767 section 4).
+func (e *entry) renderStale(buf []byte, q *query, c client, ttl uint32) (out []byte, ok bool) {
+	return e.write(buf, q, c, 0, true, ttl)
+}
+
+// write builds the reply for q into buf. Every TTL counts down by elapsed seconds or, when fixed is set,
+// is fixedTTL; either way not below ttlFloor.
+func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool, fixedTTL uint32) (out []byte, ok bool) {
 	extra := 0
 	if q.edns {
 		extra = optLen
@@ -404,12 +417,14 @@ func (e *entry) render(buf []byte, q *query, c client, now time.Time) (out []byt
 		}
 	}
 
-	elapsed := uint32(now.Sub(e.stored) / time.Second) // #nosec G115 -- bounded by the lifetime, at most maxTTL
 	for i, at := range f.ttlAt {
 		ttl := e.ttls[i]
-		if ttl > elapsed {
+		switch {
+		case fixed:
+			ttl = fixedTTL
+		case ttl > elapsed:
 			ttl -= elapsed
-		} else {
+		default:
 			ttl = 0
 		}
 		// clamp, behind wirecache, raises the TTLs of a cache hit to its MIN; a wirecache hit must not

@@ -25,6 +25,12 @@ var (
 		Name:      "misses_total",
 		Help:      "Counter of queries in wirecache's zones that it passed to the plugins after it.",
 	}, []string{"server"})
+	servedStaleTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "served_stale_total",
+		Help:      "Counter of queries answered from an expired wirecache entry because the plugins after it failed.",
+	}, []string{"server"})
 	entriesGauge = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: pluginName,
@@ -35,10 +41,11 @@ var (
 
 // serverMetrics are one server's metrics, resolved from their label once.
 type serverMetrics struct {
-	addr    string
-	hits    prometheus.Counter
-	misses  prometheus.Counter
-	entries prometheus.Gauge
+	addr        string
+	hits        prometheus.Counter
+	misses      prometheus.Counter
+	servedStale prometheus.Counter
+	entries     prometheus.Gauge
 }
 
 // serverMetricsSet finds a server's metrics without a label lookup: a server block has one or a few servers
@@ -69,10 +76,11 @@ func (s *serverMetricsSet) forServer(ctx context.Context) *serverMetrics {
 		}
 	}
 	m := &serverMetrics{
-		addr:    addr,
-		hits:    hitsTotal.WithLabelValues(addr),
-		misses:  missesTotal.WithLabelValues(addr),
-		entries: entriesGauge.WithLabelValues(addr),
+		addr:        addr,
+		hits:        hitsTotal.WithLabelValues(addr),
+		misses:      missesTotal.WithLabelValues(addr),
+		servedStale: servedStaleTotal.WithLabelValues(addr),
+		entries:     entriesGauge.WithLabelValues(addr),
 	}
 	list = append(slices.Clip(list), m)
 	s.list.Store(&list)

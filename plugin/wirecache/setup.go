@@ -146,6 +146,26 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.Errf("ttl MIN (%s) is larger than MAX (%s)", args[0], args[1])
 				}
 				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
+			case "serve_stale":
+				if len(args) > 2 {
+					return nil, c.ArgErr()
+				}
+				wc.StaleFor, wc.StaleTTL = DefaultStaleFor, DefaultStaleTTL
+				if len(args) > 0 {
+					d, err := time.ParseDuration(args[0])
+					if err != nil || d <= 0 {
+						return nil, c.Errf("serve_stale DURATION: %q is not a positive duration", args[0])
+					}
+					wc.StaleFor = d
+				}
+				if len(args) > 1 {
+					// A duration of whole seconds, as the cache plugin's serve_stale RESPONSE_TTL.
+					d, err := time.ParseDuration(args[1])
+					if err != nil || d < 0 || d%time.Second != 0 || d/time.Second > maxTTL {
+						return nil, c.Errf("serve_stale TTL: %q is not a whole number of seconds from 0s to %ds", args[1], maxTTL)
+					}
+					wc.StaleTTL = uint32(d / time.Second)
+				}
 			default:
 				return nil, c.Errf("unknown property '%s'", property)
 			}

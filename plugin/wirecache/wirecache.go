@@ -21,10 +21,15 @@ import (
 const pluginName = "wirecache"
 
 // Defaults: the cache plugin's capacity, and entries served no longer than their TTLs and at most an hour.
+// With serve_stale, an expired entry is kept for the cache plugin's default stale window and answers with
+// the TTL RFC 8767 recommends.
 const (
 	DefaultCapacity = 10000
 	DefaultMinTTL   = 0
 	DefaultMaxTTL   = time.Hour
+
+	DefaultStaleFor = time.Hour
+	DefaultStaleTTL = 30
 )
 
 // WireCache is a plugin that serves repeated queries from answers stored in wire format.
@@ -36,6 +41,11 @@ type WireCache struct {
 	Capacity int
 	MinTTL   time.Duration
 	MaxTTL   time.Duration
+
+	// StaleFor, when positive, keeps an entry that expired up to this long, to answer its query when the
+	// plugin chain fails (RFC 8767, serve-stale); StaleTTL is the TTL of such an answer.
+	StaleFor time.Duration
+	StaleTTL uint32
 
 	// stepAside, set at startup when the server block has a plugin that must see every query, turns
 	// wirecache into a pass-through.
@@ -89,10 +99,16 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 
 	h := wc.store.hash(key[:n])
 	now := wc.now()
+	var stale *entry
 	if e := wc.store.get(h, key[:n]); e != nil {
 		if !now.Before(e.expires) {
-			wc.store.remove(h, e)
-			m.entries.Set(float64(wc.store.len()))
+			if wc.StaleFor > 0 && now.Before(e.expires.Add(wc.StaleFor)) {
+				// Kept until the chain answers: if it fails, this entry answers instead.
+				stale = e
+			} else {
+				wc.store.remove(h, e)
+				m.entries.Set(float64(wc.store.len()))
+			}
 		} else if served, err := wc.serveHit(w, e, &q, now, m); served {
 			return dns.RcodeSuccess, err
 		} else {
@@ -104,12 +120,48 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	}
 	m.misses.Inc()
 
-	rec := &recorder{ResponseWriter: w, wc: wc, metrics: m, hash: h, query: q, key: string(key[:n]), now: now}
+	rec := &recorder{ResponseWriter: w, wc: wc, metrics: m, hash: h, query: q, key: string(key[:n]), now: now, stale: stale}
 	rcode, err := plugin.NextOrFailure(wc.Name(), wc.Next, ctx, rec, r)
 	if err != nil {
 		rec.forget()
 	}
+	if stale != nil && rec.writes == 0 && !plugin.ClientWrite(rcode) {
+		// The chain failed without a reply (forward's upstream did not answer): the server would send
+		// SERVFAIL; the expired answer is better.
+		if served, werr := wc.serveStale(w, stale, &q, m); served {
+			return dns.RcodeSuccess, werr
+		}
+	}
 	return rcode, err
+}
+
+// refreshed reports whether res, the chain's reply to a query whose entry has expired, replaces that
+// entry for the client: NOERROR and NXDOMAIN do; any other rcode is a failure to refresh, and the expired
+// entry answers instead (RFC 8767 section 4, as the cache plugin's serve_stale decides).
+func refreshed(res *dns.Msg) bool {
+	return res.Rcode == dns.RcodeSuccess || res.Rcode == dns.RcodeNameError
+}
+
+// serveStale writes the reply the expired entry e gives q, with the stale TTL, and counts it; it reports
+// whether it could (it cannot when the reply would need truncation).
+func (wc *WireCache) serveStale(w dns.ResponseWriter, e *entry, q *query, m *serverMetrics) (bool, error) {
+	state := request.Request{W: w}
+	c := client{tcp: state.Proto() == "tcp", v6: state.Family() == 2}
+
+	bp := wc.buffers.Get().(*[]byte)
+	defer wc.buffers.Put(bp)
+	if need := len(e.plain.wire) + optLen; cap(*bp) < need {
+		*bp = make([]byte, 0, need)
+	}
+	out, ok := e.renderStale((*bp)[:cap(*bp)], q, c, wc.StaleTTL)
+	if !ok {
+		return false, nil
+	}
+	m.servedStale.Inc()
+	if _, err := w.Write(out); err != nil {
+		return true, plugin.Error(pluginName, err)
+	}
+	return true, nil
 }
 
 func (wc *WireCache) inZones(r *dns.Msg) bool {
@@ -157,11 +209,18 @@ type recorder struct {
 
 	writes int
 	entry  *entry // the entry stored from this reply, until forgotten
+	// stale is the expired entry of this query, kept under serve_stale; it answers if the chain fails.
+	stale *entry
 }
 
 // WriteMsg implements the dns.ResponseWriter interface.
 func (r *recorder) WriteMsg(m *dns.Msg) error {
 	r.writes++
+	if r.stale != nil && r.writes == 1 && m != nil && !refreshed(m) {
+		if served, err := r.wc.serveStale(r.ResponseWriter, r.stale, &r.query, r.metrics); served {
+			return err
+		}
+	}
 	if r.writes > 1 {
 		// Only a single reply is replayed; a second one makes the first suspect.
 		r.forget()

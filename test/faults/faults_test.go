@@ -1,12 +1,13 @@
 // Package faults holds the fault matrix of the node cache: each test builds a simulated node (package
 // simnode: namespaces only), runs the node-cache binary with the notrack plugin on it, and does to it what
 // a node does to a cache: kills it, takes its lock, deletes its rules and its link, reloads a broken
-// Corefile, starts a second one, sends it garbage. The guard's fail-open time and its flap count under
-// load are measured here too:
+// Corefile, starts a second one, sends it garbage, takes its cluster DNS away. The guard's fail-open time
+// and its flap count under load are measured here too:
 //
 //	NODELOCALDNS_REQUIRE_PRIVILEGED=1 go test -v -run 'TestGuard' ./test/faults/
 //
-// FAULTS_LOAD_DURATION shortens the 60 s load test (e.g. 10s) on a developer's machine.
+// FAULTS_LOAD_DURATION shortens the 60 s load test (e.g. 10s) on a developer's machine, and
+// FAULTS_OUTAGE_DURATION the 60 s cluster-DNS outage (40s at least, so that cached answers expire in it).
 package faults
 
 import (

@@ -433,10 +433,18 @@ const ExternalAnswer = "192.0.2.80"
 // ClusterDNSPodIP:53, logging every query so tests can count what reached it.
 func (n *Node) StartClusterDNS(binary string) *Process {
 	n.t.Helper()
+	return n.StartClusterDNSZone(binary, ClusterZone)
+}
+
+// StartClusterDNSZone is StartClusterDNS serving zone, a cluster.local zone file, instead of ClusterZone:
+// a cluster DNS that comes back with changed records. The zone must hold kubernetes.default.svc, which
+// the start waits for.
+func (n *Node) StartClusterDNSZone(binary, zone string) *Process {
+	n.t.Helper()
 	dir := n.t.TempDir()
-	zone := filepath.Join(dir, "cluster.local.db")
-	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    log\n    file %s\n}\n", ClusterDNSPodIP, zone)
-	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{zone: ClusterZone}, ClusterDNSPodIP)
+	path := filepath.Join(dir, "cluster.local.db")
+	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    log\n    file %s\n}\n", ClusterDNSPodIP, path)
+	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{path: zone}, ClusterDNSPodIP)
 }
 
 // StartExternalResolver runs the node's upstream resolver in the ext namespace: it answers every A query
