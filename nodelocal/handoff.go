@@ -141,18 +141,21 @@ func (r *Reconciler) AcquireAll(ctx context.Context, claims []Claim) ([]*Lease, 
 	return leases, r.syncLocked(ctx, true, true, true)
 }
 
-// SuccessorReady reports whether a successor waits in line and answers on the node's addresses.
-func (r *Reconciler) SuccessorReady() (bool, error) {
+// SuccessorReady reports whether a successor waits in line (queued) and whether it answers on the node's
+// addresses (ready).
+func (r *Reconciler) SuccessorReady() (queued, ready bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return false, ErrClosed
+		return false, false, ErrClosed
 	}
-	ready, err := r.lock.SuccessorReady()
+	if queued, err = r.lock.SuccessorQueued(); err == nil && queued {
+		ready, err = r.lock.SuccessorReady()
+	}
 	if err != nil {
-		return false, &Error{Kind: KindNodeLock, Op: "look for a successor", Err: err}
+		return false, false, &Error{Kind: KindNodeLock, Op: "look for a successor", Err: err}
 	}
-	return ready, nil
+	return queued, ready, nil
 }
 
 // HandOff lets a successor take the node: it releases every lease and the node lock and leaves the link,

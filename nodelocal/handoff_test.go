@@ -103,14 +103,14 @@ func TestHandOffToASuccessor(t *testing.T) {
 		if _, err := Queue(cfg); KindOf(err) != KindNodeLock {
 			t.Fatalf("a third instance queued: %v", err)
 		}
-		if ready, err := owner.SuccessorReady(); err != nil || ready {
-			t.Fatalf("SuccessorReady before the successor answers: %v, %v", ready, err)
+		if queued, ready, err := owner.SuccessorReady(); err != nil || !queued || ready {
+			t.Fatalf("SuccessorReady before the successor answers: %v, %v, %v", queued, ready, err)
 		}
 		if err := next.Ready(); err != nil {
 			t.Fatal(err)
 		}
-		if ready, err := owner.SuccessorReady(); err != nil || !ready {
-			t.Fatalf("SuccessorReady: %v, %v", ready, err)
+		if queued, ready, err := owner.SuccessorReady(); err != nil || !queued || !ready {
+			t.Fatalf("SuccessorReady: %v, %v, %v", queued, ready, err)
 		}
 		rulesBefore := e.ruleCount()
 		if err := owner.HandOff(); err != nil {

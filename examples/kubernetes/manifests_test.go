@@ -152,8 +152,23 @@ func TestManifests(t *testing.T) {
 				len(ms.Spec.Ports) != 1 || ms.Spec.Ports[0].Port != corefile.DefaultMetricsPort {
 				t.Errorf("metrics Service %+v", ms)
 			}
-			if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == corefile.DefaultMetricsPort }) {
-				t.Error("container does not expose the metrics port")
+			if tp := ms.Spec.Ports[0].TargetPort; tp.IntValue() != corefile.DefaultMetricsPort {
+				t.Errorf("metrics Service targets %s, want port %d by number: the containers name no ports", tp.String(), corefile.DefaultMetricsPort)
+			}
+
+			// The rolling update surges, using the hand-off: with hostNetwork a declared container port is a
+			// host port, which would keep the surge Pod off the node.
+			ru := ds.Spec.UpdateStrategy.RollingUpdate
+			if ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() != 1 || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+				t.Errorf("update strategy %+v, want maxSurge 1 and maxUnavailable 0", ds.Spec.UpdateStrategy)
+			}
+			for _, ct := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+				if len(ct.Ports) > 0 {
+					t.Errorf("container %s declares ports %v: host ports under hostNetwork, they block the surge Pod", ct.Name, ct.Ports)
+				}
+			}
+			if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 15 {
+				t.Errorf("terminationGracePeriodSeconds %v: the drain and CoreDNS's own shutdown need up to 15 s", g)
 			}
 			if !strings.HasSuffix(argValue(c.Args, "-prometheus-listen-address"), ":9253") {
 				t.Errorf("-prometheus-listen-address %q", argValue(c.Args, "-prometheus-listen-address"))

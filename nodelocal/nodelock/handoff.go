@@ -144,6 +144,14 @@ func (l *Lock) SuccessorReady() (bool, error) {
 	return rangeLocked(l.f, readyByte)
 }
 
+// SuccessorQueued reports whether a successor waits in line, ready or not.
+func (l *Lock) SuccessorQueued() (bool, error) {
+	if l == nil || l.f == nil {
+		return false, errors.New("node lock: not held")
+	}
+	return rangeLocked(l.f, queueByte)
+}
+
 // Orphaned reports whether the node at path has neither an owner nor a successor in line: an owner that
 // let go finds so when its successor died before it took the node. It takes the lock for a moment to
 // find out, so a caller that gets true should Acquire at once.

@@ -61,6 +61,10 @@ type handoffState struct {
 	stopWatch context.CancelFunc
 	// inflight counts the queries the plugin chains are answering.
 	inflight atomic.Int64
+	// successorQueued is set while a successor waits to take the node: this process then reports not
+	// ready, so that a readiness probe of the successor's Pod, which the shared listeners may hand to this
+	// process, cannot say ready before the successor owns the node.
+	successorQueued atomic.Bool
 }
 
 // startAsSuccessor starts an instance while another process owns the node (New failed with lockErr):
@@ -328,11 +332,15 @@ func (n *node) watchSuccessor(life context.Context) {
 				return
 			case <-t.C:
 			}
-			ready, err := rec.SuccessorReady()
+			queued, ready, err := rec.SuccessorReady()
 			if errors.Is(err, nodelocal.ErrClosed) {
 				return
 			}
-			if err != nil || !ready {
+			if err != nil {
+				continue
+			}
+			n.handoff.successorQueued.Store(queued)
+			if !ready {
 				continue
 			}
 			n.handOff(ctx, rec)
@@ -404,6 +412,7 @@ func (n *node) retakeIfOrphaned(ctx context.Context, repair bool) error {
 	}
 	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
 	n.handoff.handedOff = false
+	n.handoff.successorQueued.Store(false)
 	err = n.acquireAnswering(ctx)
 	if repair {
 		n.ensureRepairLoop(n.lifeContext())

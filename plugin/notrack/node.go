@@ -494,6 +494,9 @@ func boolValue(b bool) float64 {
 
 // ready reports whether the block's rules are in place (or left to others) and the last sync succeeded.
 func (n *node) ready(b *block) bool {
+	if n.handoff.successorQueued.Load() {
+		return false
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(n.live) == 0 {
