@@ -173,14 +173,14 @@ type Handover struct {
 	Upstream []netip.Addr
 }
 
-// HandOver hands the node's DNS to the cluster DNS instead of tearing it down. In this order, so that no
-// lookup finds nobody: it writes the fail-open guard's divert, which sends the addresses that are not
-// Service addresses to the kube-dns-upstream Service (rules.Guard; while the jumps are in place nothing
-// reaches it); it takes the cache's jumps out, so that new lookups meet kube-proxy's DNAT and the divert.
-// The addresses stay on the link, and the chains stay: lookups already queued on the cache's sockets are
-// still answered from there. Take the Service addresses off with RemoveAddresses once the sockets are
-// idle, then Close. The divert is also the word to the next cache (Reconciler.Reclaim, Lease.EnableRules)
-// that the node waits for it to answer.
+// HandOver starts handing the node's DNS to the cluster DNS instead of tearing it down. In this order, so
+// that no lookup finds nobody: it writes the fail-open guard's divert, which sends the addresses that are
+// not Service addresses to the kube-dns-upstream Service (rules.Guard); it narrows the cache's raw chain
+// to its answers (rules.NodeCacheSpec.RepliesOnly), so that new queries meet kube-proxy's DNAT and the
+// divert while the cache's answers to what it already has still leave untracked; and it forgets the
+// tracked flows that would still bring queries to the cache (ForgetLocalFlows). The cache then drains its
+// sockets and calls CompleteHandOver. The divert is also the word to the next cache (Reconciler.Reclaim,
+// Lease.EnableRules) that the node waits for it to answer.
 func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules.Divert, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -190,12 +190,12 @@ func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules
 	if r.cfg.NoRules {
 		return nil, configError("hand the node over", errors.New("the rules are someone else's (NoRules)"))
 	}
-	addrs := r.wantedLocked().addrs
-	if len(addrs) == 0 {
+	w := r.wantedLocked()
+	if len(w.addrs) == 0 {
 		return nil, nil
 	}
-	gc := GuardConfig{Addresses: addrs, ServiceAddresses: unmapAll(h.ServiceAddresses), Upstream: h.Upstream}.withDefaults()
-	gc.ServiceAddresses = slices.DeleteFunc(gc.ServiceAddresses, func(a netip.Addr) bool { return !slices.Contains(addrs, a) })
+	gc := GuardConfig{Addresses: w.addrs, ServiceAddresses: unmapAll(h.ServiceAddresses), Upstream: h.Upstream}.withDefaults()
+	gc.ServiceAddresses = slices.DeleteFunc(gc.ServiceAddresses, func(a netip.Addr) bool { return !slices.Contains(w.addrs, a) })
 	ds, undiverted, err := gc.diverts()
 	if err != nil {
 		return nil, configError("hand the node over", err)
@@ -216,45 +216,88 @@ func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules
 	if len(undiverted) > 0 {
 		r.log.Warningf("nodelocal: handing over without a divert for %v: no kube-dns-upstream address of their family, or kube-proxy serves it neither on this node (IPVS) nor in KUBE-SERVICES (iptables mode)", undiverted)
 	}
-	var fams []rules.Family
-	for _, a := range addrs {
-		if fam := rules.FamilyOf(a); !slices.Contains(fams, fam) {
-			fams = append(fams, fam)
-		}
-	}
+	fams := r.familiesLocked(w.addrs)
 	for _, fam := range fams {
 		if _, err := r.rules.Sync(ctx, rules.Guard(fam, kept)); err != nil {
 			return nil, rulesError(fmt.Sprintf("write the %s divert", fam), err)
 		}
 	}
 	for _, fam := range fams {
-		if err := r.rules.RemoveJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{})); err != nil {
-			return kept, rulesError(fmt.Sprintf("remove the %s jumps", fam), err)
+		rs := rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: w.endpoints, RepliesOnly: true})
+		if _, err := r.rules.Sync(ctx, rs); err != nil {
+			return kept, rulesError(fmt.Sprintf("narrow the %s rules to the answers", fam), err)
 		}
 	}
 	r.statusMu.Lock()
 	r.status.GuardFailedOpen = true
 	r.status.RulesPresent = false
 	r.statusMu.Unlock()
+	if _, err := ForgetLocalFlows(r.dnsEndpointsLocked()); err != nil {
+		r.log.Warningf("nodelocal: Pods that send from the same source port again may still reach the cache while it drains: %v", err)
+	}
 	return kept, nil
 }
 
-// RemoveAddresses takes addrs off the link, those of them that are there and that we added; the leases
-// still claim them, so a later sync puts them back. It returns those removed.
-func (r *Reconciler) RemoveAddresses(ctx context.Context, addrs []netip.Addr) ([]netip.Addr, error) {
+// CompleteHandOver ends a hand-over once the cache's sockets are idle: it takes the cache's jumps out,
+// forgets the flows its last answers opened, and takes the Service addresses off the link, so that
+// kube-proxy serves them. It returns the addresses removed. Close follows.
+func (r *Reconciler) CompleteHandOver(ctx context.Context, h Handover) ([]netip.Addr, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return nil, ErrClosed
 	}
-	if r.link == nil || len(addrs) == 0 {
-		return nil, nil
+	w := r.wantedLocked()
+	var errs []error
+	if !r.cfg.NoRules {
+		if err := r.ensureBackendLocked(ctx); err != nil {
+			return nil, err
+		}
+		for _, fam := range r.familiesLocked(w.addrs) {
+			if err := r.rules.RemoveJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{})); err != nil {
+				errs = append(errs, rulesError(fmt.Sprintf("remove the %s jumps", fam), err))
+			}
+		}
+		if _, err := ForgetLocalFlows(r.dnsEndpointsLocked()); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	removed, err := r.link.RemoveAddresses(ctx, unmapAll(addrs))
-	if err != nil {
-		return removed, linkError("remove "+fmt.Sprint(addrs)+" from "+r.cfg.Interface, err)
+	var removed []netip.Addr
+	if r.link != nil && len(h.ServiceAddresses) > 0 {
+		var err error
+		removed, err = r.link.RemoveAddresses(ctx, unmapAll(h.ServiceAddresses))
+		if err != nil {
+			errs = append(errs, linkError("remove "+fmt.Sprint(h.ServiceAddresses)+" from "+r.cfg.Interface, err))
+		}
 	}
-	return removed, nil
+	return removed, errors.Join(errs...)
+}
+
+// familiesLocked returns the families of addrs in which this Reconciler has the tools.
+func (r *Reconciler) familiesLocked(addrs []netip.Addr) []rules.Family {
+	var fams []rules.Family
+	for _, a := range addrs {
+		fam := rules.FamilyOf(a)
+		if slices.Contains(fams, fam) {
+			continue
+		}
+		if _, err := r.backend.Tools(fam); err == nil {
+			fams = append(fams, fam)
+		}
+	}
+	return fams
+}
+
+// dnsEndpointsLocked returns every claimed address with its DNS port.
+func (r *Reconciler) dnsEndpointsLocked() []netip.AddrPort {
+	var out []netip.AddrPort
+	for l := range r.leases {
+		for _, a := range l.claim.Addresses {
+			out = append(out, netip.AddrPortFrom(a, l.claim.DNSPort))
+		}
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
 }
 
 // dnsPortLocked returns the DNS port a lease claims for a; the default when none does.

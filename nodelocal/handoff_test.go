@@ -42,19 +42,25 @@ func TestHandOverAndTakeBack(t *testing.T) {
 		if len(diverted) != 1 || diverted[0].From != addrA || len(diverted[0].Via) != 2 {
 			t.Fatalf("diverted %+v, want the link-local address through kube-proxy's two chains", diverted)
 		}
-		if e.cacheJumps() {
-			t.Error("jumps still in place after the hand-over")
+		// Queries meet the divert and kube-proxy now; the cache's answers still skip conntrack.
+		raw := e.tables()[rules.IPv4.String()+"/"+string(rules.Raw)].Chains[rules.DefaultChain]
+		if !e.cacheJumps() || strings.Contains(rulesText(raw), "--dport 53") || !strings.Contains(rulesText(raw), "--sport 53") {
+			t.Errorf("after HandOver: jumps %v, raw chain\n%s\nwant the jumps and the rules for answers only", e.cacheJumps(), rulesText(raw))
 		}
 		chain, ok := e.guardChain()
 		if !ok || !strings.Contains(rulesText(chain), "-j KUBE-SVC-UPSTREAMUDP0000000") {
 			t.Errorf("divert %v (exists %v), want a jump to kube-proxy's chain", chain, ok)
 		}
-		// The addresses stay until the sockets are idle; then the Service address goes.
+		// The addresses stay until the sockets are idle; then the jumps and the Service address go.
 		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
-		if removed, err := r.RemoveAddresses(ctx, []netip.Addr{guardClusterIP}); err != nil || len(removed) != 1 {
-			t.Fatalf("RemoveAddresses: %v, %v", removed, err)
+		removed, err := r.CompleteHandOver(ctx, Handover{ServiceAddresses: []netip.Addr{guardClusterIP}})
+		if err != nil || len(removed) != 1 {
+			t.Fatalf("CompleteHandOver: %v, %v", removed, err)
 		}
 		e.expectLinkAddrs(DefaultInterface, addrA)
+		if e.cacheJumps() {
+			t.Error("jumps still in place after the hand-over")
+		}
 		if err := r.Close(); err != nil {
 			t.Fatal(err)
 		}

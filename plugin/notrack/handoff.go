@@ -456,12 +456,9 @@ func (n *node) handOverAtExit(reason string, h nodelocal.Handover, endpoints []n
 		return false
 	}
 	n.drainSockets(reason, endpoints)
-	if _, err := nodelocal.ForgetLocalFlows(endpoints); err != nil {
-		log.Warningf("%s: Pods that reuse a source port may meet a closed port until their conntrack entry expires: %v", reason, err)
-	}
-	lctx, lcancel := context.WithTimeout(context.Background(), linkTeardownTimeout)
+	lctx, lcancel := context.WithTimeout(context.Background(), teardownTimeout)
 	defer lcancel()
-	removed, err := n.rec.RemoveAddresses(lctx, h.ServiceAddresses)
+	removed, err := n.rec.CompleteHandOver(lctx, h)
 	if err != nil {
 		countSetupError(err)
 		log.Errorf("%s: %v", reason, err)

@@ -90,6 +90,8 @@ type rig struct {
 	noCache bool
 	// handover makes the cache hand the node to the cluster DNS at exit instead of tearing it down.
 	handover bool
+	// wirecache puts wirecache in front of the cache, as the manifests do: hits cost a fraction of the CPU.
+	wirecache bool
 	// listen are the cache's addresses: the link-local one and the kube-dns ClusterIP (iptables mode),
 	// or the link-local one only (IPVS mode).
 	listen []string
@@ -97,9 +99,20 @@ type rig struct {
 
 func newRig(t *testing.T, backend string) *rig {
 	t.Helper()
+	return newRigWith(t, backend, false)
+}
+
+// newRigWith is newRig; quiet starts the cluster DNS without its query log, for load.
+func newRigWith(t *testing.T, backend string, quiet bool) *rig {
+	t.Helper()
 	bin := binary(t)
 	n := simnode.New(t)
-	clusterDNS := n.StartClusterDNS(bin)
+	var clusterDNS *simnode.Process
+	if quiet {
+		clusterDNS = n.StartQuietClusterDNS(bin)
+	} else {
+		clusterDNS = n.StartClusterDNS(bin)
+	}
 	r := &rig{clusterDNS: clusterDNS, t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
 	r.conf = filepath.Join(r.dir, "Corefile")
 	r.writeCorefile(r.corefile(53))
@@ -110,6 +123,9 @@ func (r *rig) corefile(port int) string {
 	cache := "cache 30"
 	if r.noCache {
 		cache = ""
+	}
+	if r.wirecache && !r.noCache {
+		cache = "wirecache\n    " + cache
 	}
 	handover := ""
 	if r.handover {

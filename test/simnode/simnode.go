@@ -441,9 +441,21 @@ func (n *Node) StartClusterDNS(binary string) *Process {
 // the start waits for.
 func (n *Node) StartClusterDNSZone(binary, zone string) *Process {
 	n.t.Helper()
+	return n.startClusterDNS(binary, zone, "log")
+}
+
+// StartQuietClusterDNS is StartClusterDNS without the query log, for load: a cluster DNS that answers
+// thousands of lookups a second should not spend its time writing about them.
+func (n *Node) StartQuietClusterDNS(binary string) *Process {
+	n.t.Helper()
+	return n.startClusterDNS(binary, ClusterZone, "")
+}
+
+func (n *Node) startClusterDNS(binary, zone, log string) *Process {
+	n.t.Helper()
 	dir := n.t.TempDir()
 	path := filepath.Join(dir, "cluster.local.db")
-	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    log\n    file %s\n}\n", ClusterDNSPodIP, path)
+	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    %s\n    file %s\n}\n", ClusterDNSPodIP, log, path)
 	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{path: zone}, ClusterDNSPodIP)
 }
 

@@ -96,7 +96,7 @@ func TestLoadCountsEveryLookup(t *testing.T) {
 	ctx := context.Background()
 	res, err := n.RunLoad(ctx, n.PodNS, Load{
 		Server: KubeDNSClusterIP + ":53", Name: "kubernetes.default.svc.cluster.local",
-		Rate: 500, Duration: time.Second, Timeout: time.Second, Workers: 16, SocketReuse: 10,
+		Rate: 500, Duration: time.Second, Timeout: time.Second, Sockets: 16, SocketReuse: 10,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestLoadCountsEveryLookup(t *testing.T) {
 	// The link-local address is not on the node: the lookups time out (nothing answers) or are refused.
 	res, err = n.RunLoad(ctx, n.PodNS, Load{
 		Server: LinkLocalIP + ":53", Name: "kubernetes.default.svc.cluster.local",
-		Rate: 50, Duration: time.Second, Timeout: 200 * time.Millisecond, Workers: 16,
+		Rate: 50, Duration: time.Second, Timeout: 200 * time.Millisecond, Sockets: 4, SocketReuse: 5,
 	})
 	if err != nil {
 		t.Fatal(err)
