@@ -24,7 +24,11 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	if !r.cfg.NoRules {
 		r.mu.Lock()
 		err := r.ensureBackendLocked(ctx)
-		if err == nil {
+		if err == nil && r.nft != nil {
+			if _, derr := r.nft.DeleteGuard(ctx); derr != nil {
+				errs = append(errs, rulesError("delete the guard's divert (table inet "+rules.NFTablesGuardTable+")", derr))
+			}
+		} else if err == nil {
 			for _, fam := range rules.Families {
 				if _, terr := r.backend.Tools(fam); terr != nil {
 					continue // no tools for the family: nothing of ours can be there

@@ -37,8 +37,12 @@ type Config struct {
 	NoInterface bool
 	// NoRules leaves iptables to someone else.
 	NoRules bool
-	// Backend is "auto" (or empty: use where kube-proxy's rules are), "legacy" or "nft".
+	// Backend is "auto" (or empty: use where kube-proxy's rules are), "legacy", "nft" (iptables flavours)
+	// or "nftables" (tables of our own over netlink, for kube-proxy's nftables mode; no iptables needed).
 	Backend string
+	// BackendWait is how long auto waits for kube-proxy's rules to appear on a node that has none yet before
+	// it falls back to what the node's other rules suggest; DefaultBackendWait when zero. Rules wait too.
+	BackendWait time.Duration
 	// LockPath is the node lock file; DefaultLockPath when empty.
 	LockPath string
 	// LockWait bounds each wait for the xtables lock; rules.DefaultLockWait when zero.
@@ -63,11 +67,17 @@ func (c Config) withDefaults() Config {
 	if c.LockWait == 0 {
 		c.LockWait = rules.DefaultLockWait
 	}
+	if c.BackendWait == 0 {
+		c.BackendWait = DefaultBackendWait
+	}
 	if c.Logger == nil {
 		c.Logger = discard{}
 	}
 	return c
 }
+
+// DefaultBackendWait is how long backend auto waits for kube-proxy's rules on a node that has none.
+const DefaultBackendWait = time.Minute
 
 func (c Config) validate() error {
 	if !c.NoInterface {
@@ -80,6 +90,9 @@ func (c Config) validate() error {
 	}
 	if c.LockWait < 0 {
 		return fmt.Errorf("negative xtables lock wait %v", c.LockWait)
+	}
+	if c.BackendWait < 0 {
+		return fmt.Errorf("negative backend wait %v", c.BackendWait)
 	}
 	return nil
 }

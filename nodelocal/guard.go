@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
@@ -190,17 +191,20 @@ func (s GuardState) String() string {
 //
 //   - it writes its nat chain (rules.Guard), which DNATs each address that is not a Service address (the
 //     link-local one) to the kube-dns-upstream ClusterIP of its family where that ClusterIP is an address
-//     of the node (IPVS mode), and which tells the cache's Reconciler to keep its jumps out (see
-//     Reconciler.Reclaim);
-//   - it removes the cache's jumps (rules.Manager.RemoveJumps; the chains stay), so that kube-proxy's DNAT
-//     sees the traffic for the kube-dns ClusterIP again;
+//     of the node (IPVS mode), and its marks in raw and filter; they tell the cache's Reconciler to keep
+//     its jumps out (see Reconciler.Reclaim);
+//   - it removes the cache's jumps, in transactions that check the marks (rules.Manager.RemoveJumpsWhileMarked;
+//     the chains stay), so that kube-proxy's DNAT sees the traffic for the kube-dns ClusterIP again;
 //   - it removes the Service addresses (the kube-dns ClusterIP) from the link.
 //
 // It does not undo any of it: the cache does, when it answers again (Lease.EnableRules, Reconciler.Reclaim),
-// by removing the guard's chain and putting its jumps back. A Reconciler's periodic Ensure leaves the jumps
-// out while the guard's chain exists, so a cache whose repair loop runs while its server hangs does not
-// fight the guard; while failed open the guard also takes out jumps that such a loop put back before it saw
-// the chain. Once the guard's chain is gone and RecoverAfter rounds in a row were answered, it watches again.
+// by removing the guard's chain and marks, then putting its addresses and jumps back; a fail-open that
+// finds the marks gone leaves the node to the cache. A Reconciler's periodic Ensure leaves the jumps out
+// and the lost addresses off while the guard's chain exists, so a cache whose repair loop runs while its
+// server hangs does not fight the guard; while failed open the guard also takes out jumps and Service
+// addresses that were put back (by such a loop before it saw the chain, by a cache process starting, or
+// before the guard itself restarted). Once the marks are gone and RecoverAfter rounds in a row were
+// answered, it watches again.
 type Guard struct {
 	cfg     GuardConfig
 	log     Logger
@@ -215,6 +219,12 @@ type Guard struct {
 
 	mu    sync.Mutex // serialises Run and FailOpen
 	rules *rules.Manager
+	// nft drives the nftables backend; nil with an iptables one.
+	nft *rules.NFTablesManager
+
+	// beforeJumpRemoval, when set, runs right before the guard takes the cache's jumps out: tests use it
+	// to run a reclaim at the worst moment.
+	beforeJumpRemoval func()
 }
 
 // NewGuard checks cfg and takes the guard lock; a second guard on the node fails with an error of
@@ -327,7 +337,9 @@ func (g *Guard) Run(ctx context.Context) error {
 		return err
 	}
 	w := &guardWatch{}
-	if err != nil {
+	if errors.Is(err, errBackendPending) {
+		g.log.Infof("nodelocal guard: %v; the backend is chosen once the cache's rules are there", err)
+	} else if err != nil {
 		g.log.Warningf("nodelocal guard: could not look for an earlier fail-open: %v", err)
 	} else if present {
 		g.state.Store(int32(GuardFailedOpen))
@@ -367,17 +379,17 @@ func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {
 			return
 		}
 		w.nextCheck = now.Add(g.cfg.Recheck)
-		present, err := g.divertPresentLocked(ctx)
+		// A cache's repair loop may have put jumps back before it saw our marks, and a cache process (or an
+		// earlier guard's restart) the Service addresses: take them out again while the node is ours.
+		k, err := g.keepOutLocked(ctx)
 		switch {
 		case err != nil:
-			g.log.Errorf("nodelocal guard: could not read the rules: %v", err)
+			g.log.Errorf("nodelocal guard: could not keep the cache's jumps and Service addresses out: %v", err)
 			return
-		case present:
-			// A cache's repair loop may have put jumps back before it saw our chain.
-			if n, err := g.removeJumpsLocked(ctx); err != nil {
-				g.log.Errorf("nodelocal guard: could not keep the cache's jumps out: %v", err)
-			} else if n > 0 {
-				g.log.Warningf("nodelocal guard: took out the cache's jumps again (%d families): the node stays failed open until the cache answers", n)
+		case k.marked:
+			if k.jumps > 0 || len(k.addresses) > 0 {
+				g.log.Warningf("nodelocal guard: took out the cache's jumps (%d families) and %v again: the node stays failed open until the cache answers",
+					k.jumps, k.addresses)
 			}
 			return
 		}
@@ -427,7 +439,11 @@ func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {
 		return
 	}
 	start := time.Now()
-	if err := g.failOpenLocked(ctx); err != nil {
+	if err := g.failOpenLocked(ctx); errors.Is(err, errTakenBack) {
+		g.log.Infof("nodelocal guard: the cache took the node back while the guard was failing it open; watching")
+		w.fails, w.lastErr = 0, ""
+		return
+	} else if err != nil {
 		g.log.Errorf("nodelocal guard: failing open: %v (retrying)", err)
 		w.nextCheck = time.Time{}
 		return
@@ -457,7 +473,8 @@ func (g *Guard) probeAll(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// FailOpen fails open at once, whatever the probes say: for an operator, or a test.
+// FailOpen fails open at once, whatever the probes say: for an operator, or a test. It fails, leaving the
+// node to the cache, when the cache took the node back while it was under way.
 func (g *Guard) FailOpen(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -472,58 +489,186 @@ func (g *Guard) FailOpen(ctx context.Context) error {
 	return nil
 }
 
+// errTakenBack is a fail-open that found the cache taking the node back while it was under way: the
+// node is the cache's, as it should be.
+var errTakenBack = errors.New("the cache took the node back")
+
 func (g *Guard) failOpenLocked(ctx context.Context) error {
-	diverts, skipped, err := resolveDiverts(ctx, g.rules, g.diverts)
-	if err != nil {
+	var diverts, skipped []rules.Divert
+	var err error
+	if g.nft != nil {
+		// The nftables backend reads kube-proxy's endpoints for what is not local (nftablesDivertsLocked).
+		diverts, skipped, err = localDiverts(g.diverts)
+		if err != nil {
+			return linkError("list the node's addresses", err)
+		}
+	} else if diverts, skipped, err = resolveDiverts(ctx, g.rules, g.diverts); err != nil {
 		return err
 	}
-	if len(skipped) > 0 {
+	if len(skipped) > 0 && g.nft == nil {
 		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is neither an address of this node (IPVS) nor a "+
 			"ClusterIP in kube-proxy's KUBE-SERVICES chain (iptables mode); Pods that ask the kube-dns ClusterIP are served", skipped)
 	}
-	// The divert goes first: it is also the word to the cache's repair loop to keep its jumps out.
+	// The divert and its marks go first: they are also the word to the cache's repair loop to keep its
+	// jumps out, and the condition of their removal.
+	if g.nft != nil {
+		nftDiverts, err := g.nftablesDivertsLocked(ctx, skipped)
+		if err != nil {
+			return err
+		}
+		if err := g.nft.WriteGuard(ctx, nftDiverts); err != nil {
+			return rulesError("write the divert (table inet "+rules.NFTablesGuardTable+")", err)
+		}
+	}
 	for _, fam := range g.fams {
+		if g.nft != nil {
+			break
+		}
 		if _, err := g.rules.Sync(ctx, rules.Guard(fam, diverts)); err != nil {
 			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
 		}
 	}
-	if _, err := g.removeJumpsLocked(ctx); err != nil {
+	k, err := g.keepOutLocked(ctx)
+	if err != nil {
 		return err
+	}
+	if !k.marked {
+		return errTakenBack
 	}
 	if _, err := ForgetLocalFlows(DivertEndpoints(diverts)); err != nil {
 		g.log.Warningf("nodelocal guard: %v", err)
 	}
-	removed, err := g.link.RemoveAddresses(ctx, g.cfg.ServiceAddresses)
-	if err != nil {
-		return linkError("remove the Service addresses from "+g.cfg.Interface, err)
-	}
 	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
-		removed, g.cfg.Interface, diverts)
+		k.addresses, g.cfg.Interface, diverts)
 	return nil
 }
 
-// removeJumpsLocked takes the cache's jumps out in every family that has them and returns how many
-// families had any.
-func (g *Guard) removeJumpsLocked(ctx context.Context) (int, error) {
-	n := 0
-	for _, fam := range g.fams {
-		rs := rules.NodeCache(fam, rules.NodeCacheSpec{})
-		has, err := g.rules.HasJumps(ctx, rs)
-		if err != nil {
-			return n, rulesError(fmt.Sprintf("read the cache's %s jumps", fam), err)
-		}
-		if !has {
-			continue
-		}
-		if err := g.rules.RemoveJumps(ctx, rs); err != nil {
-			return n, rulesError(fmt.Sprintf("remove the cache's %s jumps", fam), err)
-		}
-		n++
+// keptOut is what keepOutLocked found and did.
+type keptOut struct {
+	// marked is true when the guard's marks were in place in some family: the node is failed open.
+	marked bool
+	// jumps counts the families whose jumps it took out; addresses are the Service addresses it removed.
+	jumps     int
+	addresses []netip.Addr
+}
+
+// keepOutLocked takes the cache's jumps and the Service addresses out, as long as the guard's marks are in
+// place. The cache takes the node back in the opposite order (marks, then addresses, then jumps), so:
+// jumps go only in a transaction that finds the marks (rules.Manager.RemoveJumpsWhileMarked), and Service
+// addresses removed while the marks went away are given back.
+func (g *Guard) keepOutLocked(ctx context.Context) (keptOut, error) {
+	if g.beforeJumpRemoval != nil {
+		g.beforeJumpRemoval()
 	}
-	return n, nil
+	var k keptOut
+	if g.nft != nil {
+		marked, removed, err := g.nft.UnhookCacheWhileMarked(ctx)
+		if err != nil {
+			return k, rulesError("unhook the cache's table inet "+rules.NFTablesTable, err)
+		}
+		k.marked = marked
+		if removed {
+			k.jumps = len(g.fams)
+		}
+	}
+	for _, fam := range g.fams {
+		if g.nft != nil {
+			break
+		}
+		marked, removed, err := g.rules.RemoveJumpsWhileMarked(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}), rules.GuardChain)
+		if err != nil {
+			return k, rulesError(fmt.Sprintf("remove the cache's %s jumps", fam), err)
+		}
+		k.marked = k.marked || marked
+		if removed {
+			k.jumps++
+		}
+	}
+	if !k.marked || len(g.cfg.ServiceAddresses) == 0 {
+		return k, nil
+	}
+	removed, err := g.link.RemoveAddresses(ctx, g.cfg.ServiceAddresses)
+	if err != nil {
+		return k, linkError("remove the Service addresses from "+g.cfg.Interface, err)
+	}
+	if len(removed) == 0 {
+		return k, nil
+	}
+	still, err := g.markedLocked(ctx)
+	if err == nil && !still {
+		// Taken back meanwhile: the cache put its addresses back before it removed our marks, and may have
+		// done so before we removed them.
+		if _, err := g.link.AddAddresses(ctx, removed); err != nil {
+			return k, linkError("give "+g.cfg.Interface+" its Service addresses back", err)
+		}
+		return keptOut{}, nil
+	}
+	if err != nil {
+		return k, err
+	}
+	k.addresses = removed
+	return k, nil
+}
+
+// markedLocked reports whether the guard's marks are in place in some family.
+func (g *Guard) markedLocked(ctx context.Context) (bool, error) {
+	if g.nft != nil {
+		return g.divertPresentLocked(ctx)
+	}
+	for _, fam := range g.fams {
+		for _, t := range rules.GuardMarks {
+			ok, err := g.rules.ChainExists(ctx, fam, t, rules.GuardChain)
+			if err != nil {
+				return false, rulesError(fmt.Sprintf("look for the %s marks", fam), err)
+			}
+			if ok {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// localDiverts keeps the diverts whose upstream is an address of this node. A DNAT ends the nat table's
+// walk for a packet, so kube-proxy's own DNAT never sees traffic the guard DNATed: the upstream ClusterIP
+// answers only where it is local (kube-ipvs0 in IPVS mode, where IPVS takes it from there). Elsewhere the
+// packets would be routed off the node, and a lookup that gets a port unreachable at once is better than one
+// that times out.
+func localDiverts(ds []rules.Divert) (kept, skipped []rules.Divert, err error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, nil, err
+	}
+	local := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			local[ip.Unmap()] = true
+		}
+	}
+	for _, d := range ds {
+		if local[d.To] {
+			kept = append(kept, d)
+		} else {
+			skipped = append(skipped, d)
+		}
+	}
+	return kept, skipped, nil
 }
 
 func (g *Guard) cacheJumpsPresentLocked(ctx context.Context) (bool, error) {
+	if err := g.ensureBackendLocked(ctx); err != nil {
+		if errors.Is(err, errBackendPending) {
+			return false, nil // the cache has no rules anywhere yet
+		}
+		return false, err
+	}
+	if g.nft != nil {
+		ok, err := g.nft.CacheHooked(ctx)
+		if err != nil {
+			return false, rulesError("read the cache's table inet "+rules.NFTablesTable, err)
+		}
+		return ok, nil
+	}
 	for _, fam := range g.fams {
 		has, err := g.rules.HasJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}))
 		if err != nil {
@@ -537,6 +682,19 @@ func (g *Guard) cacheJumpsPresentLocked(ctx context.Context) (bool, error) {
 }
 
 func (g *Guard) divertPresentLocked(ctx context.Context) (bool, error) {
+	if err := g.ensureBackendLocked(ctx); err != nil {
+		if errors.Is(err, errBackendPending) {
+			return false, nil
+		}
+		return false, err
+	}
+	if g.nft != nil {
+		ok, err := g.nft.TableExists(ctx, rules.NFTablesGuardTable)
+		if err != nil {
+			return false, rulesError("look for the divert (table inet "+rules.NFTablesGuardTable+")", err)
+		}
+		return ok, nil
+	}
 	for _, fam := range g.fams {
 		ok, err := g.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
 		if err != nil {
@@ -550,21 +708,78 @@ func (g *Guard) divertPresentLocked(ctx context.Context) (bool, error) {
 }
 
 // errNoBackend marks a backend that cannot be selected: the guard cannot work at all.
-var errNoBackend = errors.New("no iptables backend")
+var errNoBackend = errors.New("no rules backend")
 
+// errBackendPending marks an automatic selection that found neither the cache's rules nor kube-proxy's:
+// the guard looks again next time, and until then the cache has nothing to fail open.
+var errBackendPending = errors.New("no rules of the cache or of kube-proxy on the node yet")
+
+// ensureBackendLocked picks the backend. Configured, it is that one. With auto it is where the cache's
+// rules are, which is what matters to the guard: the nftables tables, then the iptables chains of the
+// backend kube-proxy's rules point to; with neither there yet, it decides later.
 func (g *Guard) ensureBackendLocked(ctx context.Context) error {
 	if g.rules != nil {
 		return nil
 	}
 	mode, err := rules.ParseMode(g.cfg.Backend)
 	if err != nil {
-		return configError("select iptables backend", fmt.Errorf("%w: %w", errNoBackend, err))
+		return configError("select rules backend", fmt.Errorf("%w: %w", errNoBackend, err))
 	}
-	b, err := rules.Select(ctx, mode)
+	var b *rules.Backend
+	if mode == rules.Auto {
+		b, err = g.locateCacheLocked(ctx)
+	} else {
+		b, err = rules.Select(ctx, mode)
+	}
+	if errors.Is(err, errBackendPending) {
+		return err
+	}
 	if err != nil {
-		return rulesError("select iptables backend", fmt.Errorf("%w: %w", errNoBackend, err))
+		return rulesError("select rules backend", fmt.Errorf("%w: %w", errNoBackend, err))
 	}
-	g.log.Infof("nodelocal guard: using iptables backend %s (%s)", b.Mode, b.Reason)
+	g.log.Infof("nodelocal guard: using rules backend %s (%s)", b.Mode, b.Reason)
 	g.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: g.cfg.LockWait})
+	if b.Mode == rules.NFTables {
+		g.nft = rules.NewNFTablesManager()
+	}
 	return nil
+}
+
+// locateCacheLocked finds the backend that holds the cache's rules: the cache and the guard each select
+// one, and they must agree even when they start at different times.
+func (g *Guard) locateCacheLocked(ctx context.Context) (*rules.Backend, error) {
+	nft := rules.NewNFTablesManager()
+	for _, table := range []string{rules.NFTablesTable, rules.NFTablesGuardTable} {
+		ok, err := nft.TableExists(ctx, table)
+		if err != nil && !rules.NFTablesUnsupported(err) {
+			return nil, err
+		}
+		if ok {
+			return rules.NewBackend(rules.NFTables, "the cache's table inet "+table+" is there")
+		}
+	}
+	b, err := rules.Select(ctx, rules.Auto)
+	var none *rules.NoKubeProxyRulesError
+	if !errors.As(err, &none) {
+		return b, err
+	}
+	if none.Fallback == rules.NFTables {
+		return nil, fmt.Errorf("%w (%v)", errBackendPending, none)
+	}
+	// No kube-proxy rules, but the cache may have fallen back to the iptables flavour the node suggests.
+	m := rules.NewManager(none.Backend, rules.ManagerOptions{LockWait: g.cfg.LockWait})
+	for _, fam := range g.fams {
+		if _, terr := none.Backend.Tools(fam); terr != nil {
+			continue
+		}
+		ok, err := m.ChainExists(ctx, fam, rules.Raw, rules.DefaultChain)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			none.Backend.Reason = "the cache's chains are there; " + none.Reason
+			return none.Backend, nil
+		}
+	}
+	return nil, fmt.Errorf("%w (%v)", errBackendPending, none)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
@@ -244,7 +245,8 @@ func TestGuardStartedAfterTheCacheDied(t *testing.T) {
 			t.Error("the skipped divert was not logged")
 		}
 
-		g2 := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		f2 := &fakeCache{}
+		g2 := e.guard(f2, func(c *GuardConfig) { c.LockPath = lock })
 		e.runGuard(g2)
 		waitFor(t, "restarted guard knows", time.Second, func() bool { return g2.State() == GuardFailedOpen })
 		if g2.Failovers() != 0 {
@@ -264,7 +266,7 @@ func TestGuardConfigErrors(t *testing.T) {
 		{"no addresses", GuardConfig{}, "needs the cache's addresses"},
 		{"upstream is local", GuardConfig{Addresses: []netip.Addr{addrA, ll6}, Upstream: []netip.Addr{ll6}}, "cannot be the kube-dns-upstream ClusterIP"},
 		{"foreign service address", GuardConfig{Addresses: []netip.Addr{addrA}, ServiceAddresses: []netip.Addr{guardClusterIP}, Upstream: []netip.Addr{guardUpstreamIP}}, "not one of the cache's addresses"},
-		{"bad backend", GuardConfig{Addresses: []netip.Addr{guardClusterIP}, ServiceAddresses: []netip.Addr{guardClusterIP}, Backend: "ipvs"}, "unknown iptables backend"},
+		{"bad backend", GuardConfig{Addresses: []netip.Addr{guardClusterIP}, ServiceAddresses: []netip.Addr{guardClusterIP}, Backend: "ipvs"}, "unknown rules backend"},
 	}
 	for _, tc := range cases {
 		tc.cfg.LockPath = lock
@@ -386,4 +388,125 @@ func TestCheckProbeResponse(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		}
 	}
+}
+
+// onceHook returns a hook that runs fn the first time only.
+func onceHook(fn func()) func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			fn()
+		}
+	}
+}
+
+// TestGuardRaceWithReclaim: the cache takes the node back at the worst moment for the guard, after the
+// guard decided to take the jumps out and before it does. The node must end as the cache left it (jumps
+// and the kube-dns ClusterIP in place, no divert), not with neither the cache's jumps nor the guard's
+// divert.
+func TestGuardRaceWithReclaim(t *testing.T) {
+	inNamespace(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		r := e.reconciler()
+		claim := Claim{Addresses: []netip.Addr{addrA, guardClusterIP}}
+		e.acquire(r, claim)
+		eps := rules.Endpoints(claim.Addresses, 53, nil)
+		g := e.guard(&fakeCache{})
+		reclaim := func() {
+			if err := r.Reclaim(ctx); err != nil {
+				t.Errorf("Reclaim: %v", err)
+			}
+		}
+		cacheOwnsTheNode := func(when string) {
+			t.Helper()
+			e.expectRules(eps)
+			e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
+			if _, ok := e.guardChain(); ok {
+				t.Errorf("%s: the guard's chain is back", when)
+			}
+		}
+
+		// While failing open: the divert is written, the jumps not yet out.
+		g.beforeJumpRemoval = onceHook(reclaim)
+		if err := g.FailOpen(ctx); err != nil && !errors.Is(err, errTakenBack) {
+			t.Fatal(err)
+		}
+		cacheOwnsTheNode("reclaim during the fail-open")
+
+		// While failed open: a recheck found the divert in place (or is about to) and takes the jumps out
+		// again.
+		g.beforeJumpRemoval = nil
+		if err := g.FailOpen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if e.cacheJumps() {
+			t.Fatal("the jumps stayed after a fail-open")
+		}
+		g.beforeJumpRemoval = onceHook(reclaim)
+		g.mu.Lock()
+		g.tickLocked(ctx, &guardWatch{}, time.Now())
+		g.mu.Unlock()
+		cacheOwnsTheNode("reclaim during a recheck")
+	})
+}
+
+// TestGuardKeepsTheServiceAddressOut: while the node is failed open, the cache's periodic sync does not put
+// the kube-dns ClusterIP back, and a guard restarted into a failed-open node takes out the one an earlier
+// cache process put back; the cache's reclaim brings it back.
+func TestGuardKeepsTheServiceAddressOut(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		r := e.reconciler()
+		claim := Claim{Addresses: []netip.Addr{addrA, guardClusterIP}}
+		e.acquire(r, claim)
+		lock := filepath.Join(t.TempDir(), "guard.lock")
+		g := e.guard(&fakeCache{}, func(c *GuardConfig) { c.LockPath = lock })
+		if err := g.FailOpen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA)
+		if err := r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA)
+		if st := r.Status(); !st.GuardFailedOpen || slices.Contains(st.Addresses, guardClusterIP) {
+			t.Errorf("status while failed open: %+v", st)
+		}
+		if e.cacheJumps() {
+			t.Error("Ensure put the jumps back")
+		}
+		g.Close()
+
+		// An earlier version of the cache, or an operator, put it back; the restarted guard removes it.
+		run(t, "ip", "addr", "add", guardClusterIP.String()+"/32", "dev", DefaultInterface)
+		f2 := &fakeCache{}
+		g2 := e.guard(f2, func(c *GuardConfig) { c.LockPath = lock })
+		e.runGuard(g2)
+		waitFor(t, "the restarted guard removes the ClusterIP", 10*time.Second, func() bool {
+			l, err := netlink.LinkByName(DefaultInterface)
+			return err == nil && !slices.Contains(linkAddrs(t, l), guardClusterIP)
+		})
+		if g2.State() != GuardFailedOpen {
+			t.Errorf("restarted guard: %v", g2.State())
+		}
+
+		f2.alive.Store(true) // the cache answers again: the guard must not fail it open again
+		if err := r.Reclaim(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)
+		e.expectRules(rules.Endpoints(claim.Addresses, 53, nil))
+
+		// EnableRules takes the node back as Reclaim does, the ClusterIP included.
+		l := e.acquire(r, Claim{Addresses: []netip.Addr{addrB}, DeferRules: true})
+		if err := g2.FailOpen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, addrB)
+		if err := l.EnableRules(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectLinkAddrs(DefaultInterface, addrA, addrB, guardClusterIP)
+		e.expectRules(rules.Endpoints([]netip.Addr{addrA, addrB, guardClusterIP}, 53, nil))
+	})
 }

@@ -90,6 +90,10 @@ func (s *Successor) OwnerEndpoints(ctx context.Context) ([]netip.AddrPort, error
 	if err != nil {
 		return nil, rulesError("select iptables backend", err)
 	}
+	if b.Mode == rules.NFTables {
+		// The nftables backend has no reader of the cache's table yet: no check.
+		return nil, nil
+	}
 	m := rules.NewManager(b, rules.ManagerOptions{LockWait: s.cfg.LockWait})
 	var out []netip.AddrPort
 	for _, fam := range rules.Families {
@@ -206,6 +210,9 @@ func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules
 	if err := r.ensureBackendLocked(ctx); err != nil {
 		return nil, err
 	}
+	if r.nft != nil {
+		return r.handOverNFTablesLocked(ctx, ds, undiverted)
+	}
 	kept, skipped, err := resolveDiverts(ctx, r.rules, ds)
 	if err != nil {
 		return nil, err
@@ -253,7 +260,15 @@ func (r *Reconciler) CompleteHandOver(ctx context.Context, h Handover) ([]netip.
 		if err := r.ensureBackendLocked(ctx); err != nil {
 			return nil, err
 		}
+		if r.nft != nil {
+			if _, err := r.nft.UnhookCache(ctx); err != nil {
+				errs = append(errs, rulesError("unhook table inet "+rules.NFTablesTable, err))
+			}
+		}
 		for _, fam := range r.familiesLocked(w.addrs) {
+			if r.nft != nil {
+				break
+			}
 			if err := r.rules.RemoveJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{})); err != nil {
 				errs = append(errs, rulesError(fmt.Sprintf("remove the %s jumps", fam), err))
 			}
@@ -271,6 +286,54 @@ func (r *Reconciler) CompleteHandOver(ctx context.Context, h Handover) ([]netip.
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// handOverNFTablesLocked is HandOver with the nftables backend: the divert goes to the endpoints
+// kube-proxy's nftables table DNATs the upstream ClusterIP to, where that is not an address of the node
+// (see Guard), and the cache's table is unhooked at once: the backend has no way to leave the cache's
+// answers untracked alone, so the flows its last answers open are forgotten once it drained
+// (CompleteHandOver).
+func (r *Reconciler) handOverNFTablesLocked(ctx context.Context, ds []rules.Divert, undiverted []netip.Addr) ([]rules.Divert, error) {
+	local, notLocal, err := localDiverts(ds)
+	if err != nil {
+		return nil, linkError("list the node's addresses", err)
+	}
+	var nds []rules.NFTDivert
+	var kept []rules.Divert
+	for _, d := range append(local, notLocal...) {
+		served := false
+		for _, proto := range []rules.Protocol{rules.UDP, rules.TCP} {
+			nd := rules.NFTDivert{From: d.From, Port: d.Port, Protocol: proto}
+			if slices.ContainsFunc(local, func(o rules.Divert) bool { return o.From == d.From }) {
+				nd.To = []netip.AddrPort{netip.AddrPortFrom(d.To, d.Port)}
+			} else if nd.To, err = r.nft.KubeProxyEndpoints(ctx, d.To, proto, d.Port); err != nil {
+				return nil, rulesError(fmt.Sprintf("read kube-proxy's endpoints of %s %s/%d", d.To, proto, d.Port), err)
+			}
+			if len(nd.To) > 0 {
+				nds = append(nds, nd)
+				served = true
+			}
+		}
+		if served {
+			kept = append(kept, d)
+		} else {
+			undiverted = append(undiverted, d.From)
+		}
+	}
+	if len(undiverted) > 0 {
+		r.log.Warningf("nodelocal: handing over without a divert for %v: no kube-dns-upstream address of their family, or kube-proxy serves it neither on this node nor in its nftables table", undiverted)
+	}
+	if err := r.nft.WriteGuard(ctx, nds); err != nil {
+		return nil, rulesError("write the divert (table inet "+rules.NFTablesGuardTable+")", err)
+	}
+	if _, err := r.nft.UnhookCache(ctx); err != nil {
+		return kept, rulesError("unhook table inet "+rules.NFTablesTable, err)
+	}
+	r.statusMu.Lock()
+	r.status.GuardFailedOpen = true
+	r.status.RulesPresent = false
+	r.statusMu.Unlock()
+	return kept, nil
 }
 
 // familiesLocked returns the families of addrs in which this Reconciler has the tools.

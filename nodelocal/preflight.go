@@ -72,7 +72,7 @@ type PreflightConfig struct {
 	// Addresses are the cache's local addresses (the link-local one, and the kube-dns ClusterIP in
 	// iptables mode).
 	Addresses []netip.Addr
-	// Backend is the cache's configured iptables backend: auto (or empty), legacy or nft.
+	// Backend is the cache's configured rules backend: auto (or empty), legacy, nft or nftables.
 	Backend string
 	// ResolvConf is the resolv.conf the cache forwards to; DefaultResolvConf when empty.
 	ResolvConf string
@@ -133,8 +133,10 @@ type nodeState struct {
 	routesErr error
 	// saves holds each installed backend's iptables-save output (IPv4 and IPv6 together).
 	saves map[rules.Mode][]byte
-	// nftTables is `nft list tables`, nil when nft is not installed.
-	nftTables []byte
+	// kubeProxyNFT lists kube-proxy's nftables-mode tables ("ip kube-proxy"), read over netlink so that
+	// a node image without the nft command sees them too; kubeProxyNFTErr says why they could not be read.
+	kubeProxyNFT    []string
+	kubeProxyNFTErr error
 }
 
 type linkInfo struct {
@@ -203,20 +205,13 @@ func readNodeState(ctx context.Context, cfg PreflightConfig) nodeState {
 			st.saves[mode] = all
 		}
 	}
-	if path, err := exec.LookPath("nft"); err == nil {
-		out, _ := exec.CommandContext(ctx, path, "list", "tables").Output()
-		st.nftTables = out
-		if st.nftTables == nil {
-			st.nftTables = []byte{}
-		}
-	}
+	st.kubeProxyNFT, st.kubeProxyNFTErr = rules.NewNFTablesManager().KubeProxyTables(ctx)
 	return st
 }
 
 var (
 	kubeServicesChain = regexp.MustCompile(`(?m)^:KUBE-SERVICES\s`)
 	kubeChainLine     = regexp.MustCompile(`(?m)^:KUBE-`)
-	kubeProxyNFT      = regexp.MustCompile(`(?m)^table (ip|ip6|inet) kube-proxy$`)
 	upstreamComment   = regexp.MustCompile(`(?m)^-A .*NodeLocal DNS Cache`)
 )
 
@@ -236,10 +231,8 @@ func checkKubeProxyMode(cfg PreflightConfig, st nodeState) []Finding {
 		}
 		return []Finding{checkKubeletClusterDNS(cfg)}
 	}
-	if st.nftTables != nil && kubeProxyNFT.Match(st.nftTables) {
-		return []Finding{{check, SeverityWarning,
-			"nftables: kube-proxy's rules live in nft table kube-proxy, where iptables cannot see them, so the backend cannot be detected from them",
-			"set the cache's iptables backend to nft explicitly, and test the fail-open path (the guard) on one node first"}}
+	if len(st.kubeProxyNFT) > 0 {
+		return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("nftables (table %s)", strings.Join(st.kubeProxyNFT, ", "))}}
 	}
 	for _, mode := range []rules.Mode{rules.NFT, rules.Legacy} {
 		if kubeServicesChain.Match(st.saves[mode]) {
@@ -333,10 +326,36 @@ func checkAddressesInUse(cfg PreflightConfig, st nodeState) []Finding {
 }
 
 func checkBackend(cfg PreflightConfig, st nodeState) []Finding {
-	const check = "iptables backend"
+	const check = "rules backend"
 	mode, err := rules.ParseMode(cfg.Backend)
 	if err != nil {
-		return []Finding{{check, SeverityError, err.Error(), "use auto, legacy or nft"}}
+		return []Finding{{check, SeverityError, err.Error(), "use auto, legacy, nft or nftables"}}
+	}
+	if st.kubeProxyNFTErr != nil {
+		return []Finding{{check, SeverityWarning, fmt.Sprintf("could not look for kube-proxy's nftables tables: %v", st.kubeProxyNFTErr),
+			"check that the container has CAP_NET_ADMIN and runs in the host's network namespace"}}
+	}
+	if len(st.kubeProxyNFT) > 0 {
+		tables := strings.Join(st.kubeProxyNFT, ", ")
+		var iptKube []string
+		for _, m := range []rules.Mode{rules.Legacy, rules.NFT} {
+			if kubeServicesChain.Match(st.saves[m]) {
+				iptKube = append(iptKube, "iptables-"+string(m))
+			}
+		}
+		switch {
+		case len(iptKube) > 0:
+			return []Finding{{check, SeverityError, fmt.Sprintf("kube-proxy's rules are both in nftables (table %s) and in %s: auto refuses to guess", tables, strings.Join(iptKube, " and ")),
+				"find which mode kube-proxy runs in now (its logs, its ConfigMap) and remove the other's rules (kube-proxy --cleanup), or set the backend explicitly"}}
+		case mode == rules.Auto || mode == rules.NFTables:
+			return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("kube-proxy runs in nftables mode (table %s); the cache uses %s: table inet %s, written over netlink, no iptables needed",
+				tables, rules.NFTables, rules.NFTablesTable)}}
+		}
+		return []Finding{{check, SeverityWarning, fmt.Sprintf("kube-proxy runs in nftables mode (table %s), but the cache is configured for iptables-%s: its NOTRACK rules work, "+
+			"but the node image needs iptables and the cache's rules are not where kube-proxy's are", tables, mode), "set the backend to auto or nftables"}}
+	}
+	if mode == rules.NFTables {
+		return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("configured for nftables: table inet %s, written over netlink", rules.NFTablesTable)}}
 	}
 	if len(st.saves) == 0 {
 		return []Finding{{check, SeverityError, "neither iptables-legacy-save nor iptables-nft-save is installed", "install iptables 1.8 with both backends"}}
@@ -351,8 +370,12 @@ func checkBackend(cfg PreflightConfig, st nodeState) []Finding {
 	case len(kube) == 2:
 		return []Finding{{check, SeverityWarning, "KUBE-* chains are in both iptables-legacy and iptables-nft: an old kube-proxy or kubelet left rules behind",
 			"find which backend kube-proxy uses now (its logs) and set the cache's backend to it"}}
+	case len(kube) == 0 && mode == rules.Auto:
+		return []Finding{{check, SeverityWarning, "no kube-proxy rules in iptables or nftables yet: the cache waits up to " + DefaultBackendWait.String() +
+			" for them, then falls back to what the node's other rules suggest (iptables-nft when there are none)",
+			"start kube-proxy first, or set the backend explicitly on nodes without kube-proxy"}}
 	case len(kube) == 0:
-		return []Finding{{Check: check, Severity: SeverityOK, Message: "no KUBE-* chains in iptables; the cache chooses " + string(rules.NFT) + " unless configured"}}
+		return []Finding{{Check: check, Severity: SeverityOK, Message: "no KUBE-* chains in iptables; the cache uses " + string(mode) + " as configured"}}
 	case mode != rules.Auto && mode != kube[0]:
 		return []Finding{{check, SeverityError, fmt.Sprintf("the cache is configured for %s, but kube-proxy's rules are in iptables-%s: the rules would not order with each other", mode, kube[0]),
 			fmt.Sprintf("set the backend to %s or auto", kube[0])}}
@@ -462,6 +485,9 @@ func checkXtablesLock(cfg PreflightConfig, st nodeState) []Finding {
 	msg := fmt.Sprintf("%s is missing or not a file", cfg.XtablesLock)
 	fix := "mount the host's " + DefaultXtablesLock + " (hostPath, type FileOrCreate): without it iptables-legacy in the container and kube-proxy do not exclude each other"
 	mode, _ := rules.ParseMode(cfg.Backend)
+	if mode == rules.NFTables || (mode == rules.Auto && len(st.kubeProxyNFT) > 0) {
+		return []Finding{{Check: check, Severity: SeverityOK, Message: "not needed: the nftables backend runs no iptables command"}}
+	}
 	legacy := mode == rules.Legacy || (mode == rules.Auto && kubeChainLine.Match(st.saves[rules.Legacy]) && !kubeChainLine.Match(st.saves[rules.NFT]))
 	if legacy {
 		return []Finding{{check, SeverityError, msg + " and the backend is legacy", fix}}

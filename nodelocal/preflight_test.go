@@ -69,7 +69,7 @@ func TestPreflightOnAHealthyNode(t *testing.T) {
 		}
 		expectFinding(t, fs, "kube-proxy mode", SeverityOK, "KUBE-SERVICES in iptables-nft")
 		expectFinding(t, fs, "local addresses", SeverityOK, "on no other link")
-		expectFinding(t, fs, "iptables backend", SeverityOK, "kube-proxy's rules are in iptables-nft")
+		expectFinding(t, fs, "rules backend", SeverityOK, "kube-proxy's rules are in iptables-nft")
 		expectFinding(t, fs, "other node cache", SeverityOK, "no upstream")
 		expectFinding(t, fs, "resolv.conf", SeverityOK, "192.0.2.53")
 		expectFinding(t, fs, "capabilities", SeverityOK, "NET_ADMIN")
@@ -77,7 +77,7 @@ func TestPreflightOnAHealthyNode(t *testing.T) {
 
 		// Configured for the other backend than kube-proxy's.
 		cfg.Backend = "legacy"
-		expectFinding(t, Preflight(context.Background(), cfg), "iptables backend", SeverityError, "configured for legacy")
+		expectFinding(t, Preflight(context.Background(), cfg), "rules backend", SeverityError, "configured for legacy")
 	})
 }
 
@@ -87,14 +87,24 @@ func TestPreflightKubeProxyModes(t *testing.T) {
 		cfg := preflightFiles(t)
 		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "no kube-proxy rules")
 
+		expectFinding(t, Preflight(ctx, cfg), "rules backend", SeverityWarning, "no kube-proxy rules in iptables or nftables yet")
+
 		run(t, "nft", "add", "table", "ip", "kube-proxy")
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "nftables")
+		fs := Preflight(ctx, cfg)
+		expectFinding(t, fs, "kube-proxy mode", SeverityOK, "nftables (table ip kube-proxy)")
+		expectFinding(t, fs, "rules backend", SeverityOK, "kube-proxy runs in nftables mode (table ip kube-proxy); the cache uses nftables")
+		legacy := cfg
+		legacy.Backend = "legacy"
+		expectFinding(t, Preflight(ctx, legacy), "rules backend", SeverityWarning, "configured for iptables-legacy")
+		e.restore(rules.IPv4, "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n")
+		expectFinding(t, Preflight(ctx, cfg), "rules backend", SeverityError, "both in nftables (table ip kube-proxy) and in iptables-nft")
+		e.restore(rules.IPv4, "*nat\n-X KUBE-SERVICES\nCOMMIT\n")
 		run(t, "nft", "delete", "table", "ip", "kube-proxy")
 
 		// IPVS: kube-ipvs0 holds the ClusterIP.
 		run(t, "ip", "link", "add", IPVSInterface, "type", "bridge")
 		run(t, "ip", "addr", "add", "10.96.0.10/32", "dev", IPVSInterface)
-		fs := Preflight(ctx, cfg)
+		fs = Preflight(ctx, cfg)
 		expectFinding(t, fs, "kube-proxy mode", SeverityError, "IPVS: kube-ipvs0 holds [10.96.0.10]")
 		expectFinding(t, fs, "local addresses", SeverityOK, "on no other link")
 

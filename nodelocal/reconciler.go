@@ -27,6 +27,12 @@ type Reconciler struct {
 	leases  map[*Lease]struct{}
 	backend *rules.Backend
 	rules   *rules.Manager
+	// nft drives the nftables backend; nil with an iptables one.
+	nft *rules.NFTablesManager
+	// nftWritten holds the endpoints of the cache's nftables table as last synced, nil before.
+	nftWritten []rules.Endpoint
+	// backendWaitSince is when the first backend selection found no kube-proxy rules on the node.
+	backendWaitSince time.Time
 	// applied holds the families whose rules this Reconciler has written (or may have: a failed write).
 	applied map[rules.Family]bool
 	// lastRules holds the ruleset of each family as last synced, to tell repairs from changes.
@@ -260,9 +266,11 @@ func (r *Reconciler) sync(ctx context.Context, doLink, doRules, reclaim bool) er
 }
 
 // Reclaim is Ensure for a cache that knows it answers: if the fail-open guard has diverted the node's DNS
-// (see Guard), it removes the guard's divert and puts the jumps back. Ensure, and so Run, leave the jumps
-// out while the guard's divert is there, so that a cache whose repair loop runs but whose server does not
-// answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as this does.
+// (see Guard), it removes the guard's divert and marks, then puts the addresses and the jumps back. Ensure,
+// and so Run, leave the jumps out and do not put back addresses the link lost (the kube-dns ClusterIP the
+// guard removed) while the guard's divert is there, so that a cache whose repair loop runs but whose server
+// does not answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as
+// this does.
 func (r *Reconciler) Reclaim(ctx context.Context) error { return r.sync(ctx, true, true, true) }
 
 // Teardown removes the jumps, then our chains (both families), then the addresses we added or, if we
@@ -275,6 +283,24 @@ func (r *Reconciler) Teardown(ctx context.Context) error {
 		return ErrClosed
 	}
 	return r.teardownLocked(ctx)
+}
+
+// TeardownLink removes the link if this package created it, or else the addresses this Reconciler added,
+// and touches no rule: for a caller whose Teardown ran out of time on the rules (the xtables lock held),
+// so that the addresses do not attract traffic nobody serves once the process is gone.
+func (r *Reconciler) TeardownLink(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if r.link == nil {
+		return nil
+	}
+	if err := r.link.Teardown(ctx); err != nil {
+		return linkError("tear down link "+r.cfg.Interface, err)
+	}
+	return nil
 }
 
 // Run calls Ensure every interval until ctx ends, logging failures when they change and recovery when
@@ -357,24 +383,102 @@ func (r *Reconciler) wantedLocked() wanted {
 }
 
 // syncLocked puts the link and the rules in place as the leases claim them. With reclaim it also takes the
-// node back from the fail-open guard; without, it keeps the jumps out while the guard's divert is there.
+// node back from the fail-open guard: first the guard's divert and marks go, then the addresses come back,
+// then the jumps, the order keepOutLocked in guard.go relies on. Without reclaim, while the guard's divert
+// is there, it keeps the jumps out and does not put back addresses the link lost (the guard took the
+// kube-dns ClusterIP out so that kube-proxy serves it).
 func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bool) error {
 	if len(r.leases) == 0 {
 		return nil
 	}
 	w := r.wantedLocked()
 	var errs []error
+	// Taking the node back puts back the addresses the guard removed, whoever calls (EnableRules too).
+	doLink = doLink || reclaim
+	doRules = doRules && !r.cfg.NoRules
+	failedOpen := false
+	if doRules && len(w.endpoints) > 0 {
+		var err error
+		if failedOpen, err = r.guardLocked(ctx, w.endpoints, reclaim); err != nil {
+			errs = append(errs, err)
+			doRules = false
+		}
+	}
 	if doLink && r.link != nil {
-		if err := r.syncLinkLocked(ctx, w.addrs); err != nil {
+		addrs := w.addrs
+		if failedOpen {
+			addrs = r.heldLocked(ctx, addrs)
+		}
+		if err := r.syncLinkLocked(ctx, addrs); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if doRules && !r.cfg.NoRules {
-		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints, reclaim)...)
+	if doRules && !failedOpen {
+		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints)...)
 	}
 	err := errors.Join(errs...)
 	r.noteAttempt(err)
 	return err
+}
+
+// heldLocked returns those of addrs the link holds now; all of them when the link cannot be read (the link
+// sync that follows reports why).
+func (r *Reconciler) heldLocked(ctx context.Context, addrs []netip.Addr) []netip.Addr {
+	have, err := r.link.Addresses(ctx)
+	if err != nil {
+		return addrs
+	}
+	var held []netip.Addr
+	for _, a := range addrs {
+		if slices.Contains(have, a) {
+			held = append(held, a)
+		}
+	}
+	return held
+}
+
+// guardLocked looks for the fail-open guard's divert in the families of endpoints. Found, with reclaim
+// it removes it; without, it reports the node failed open, so that the jumps stay out.
+func (r *Reconciler) guardLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) (failedOpen bool, err error) {
+	if err := r.ensureBackendLocked(ctx); err != nil {
+		return false, err
+	}
+	divert, err := r.guardDivertsLocked(ctx, endpoints)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case len(divert) > 0 && !reclaim:
+		if !r.guardLogged {
+			r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%s %v); the jumps stay out until the cache answers and reclaims the node", rules.GuardChain, divert)
+			r.guardLogged = true
+		}
+		r.statusMu.Lock()
+		r.status.GuardFailedOpen = true
+		r.status.RulesPresent = false
+		r.statusMu.Unlock()
+		return true, nil
+	case len(divert) > 0:
+		// The divert goes first: until the jumps are back, the cache gets the link-local traffic
+		// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
+		for _, fam := range divert {
+			if r.nft != nil {
+				if _, err := r.nft.DeleteGuard(ctx); err != nil {
+					return false, rulesError("remove the guard's divert (table inet "+rules.NFTablesGuardTable+")", err)
+				}
+				break
+			}
+			if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
+				return false, rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)
+			}
+		}
+		r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", divert)
+	}
+	r.guardLogged = false
+	r.statusMu.Lock()
+	r.status.GuardFailedOpen = false
+	r.statusMu.Unlock()
+	return false, nil
 }
 
 func (r *Reconciler) syncLinkLocked(ctx context.Context, addrs []netip.Addr) error {
@@ -416,55 +520,51 @@ func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
 	}
 	mode, err := rules.ParseMode(r.cfg.Backend)
 	if err != nil {
-		return configError("select iptables backend", err)
+		return configError("select rules backend", err)
 	}
 	b, err := rules.Select(ctx, mode)
-	if err != nil {
-		return rulesError("select iptables backend", err)
+	if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
+		b, err = r.noKubeProxyRulesLocked(none)
 	}
-	r.log.Infof("nodelocal: using iptables backend %s (%s)", b.Mode, b.Reason)
+	if err != nil {
+		return rulesError("select rules backend", err)
+	}
+	r.log.Infof("nodelocal: using rules backend %s (%s)", b.Mode, b.Reason)
 	r.backend = b
 	r.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: r.cfg.LockWait})
+	if b.Mode == rules.NFTables {
+		r.nft = rules.NewNFTablesManager()
+	}
 	r.statusMu.Lock()
 	r.status.Backend, r.status.BackendReason = string(b.Mode), b.Reason
 	r.statusMu.Unlock()
 	return nil
 }
 
-func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) []error {
+// noKubeProxyRulesLocked decides what to do on a node that has no kube-proxy rules yet: wait up to
+// Config.BackendWait from the first time (kube-proxy is likely starting beside us, and its rules tell
+// where ours belong), then fall back to what the node's other rules suggest, and say so.
+func (r *Reconciler) noKubeProxyRulesLocked(none *rules.NoKubeProxyRulesError) (*rules.Backend, error) {
+	now := time.Now()
+	if r.backendWaitSince.IsZero() {
+		r.backendWaitSince = now
+		r.log.Warningf("nodelocal: %v; waiting up to %v for kube-proxy's rules before falling back", none, r.cfg.BackendWait)
+	}
+	if waited := now.Sub(r.backendWaitSince); waited < r.cfg.BackendWait {
+		return nil, fmt.Errorf("%w; waited %v of %v", none, waited.Round(time.Second), r.cfg.BackendWait)
+	}
+	r.log.Warningf("nodelocal: still no kube-proxy rules after %v: falling back to %s (%s); set the backend explicitly if kube-proxy uses another",
+		r.cfg.BackendWait, none.Fallback, none.Reason)
+	none.Backend.Reason = "no kube-proxy rules after " + r.cfg.BackendWait.String() + ": fallback, " + none.Reason
+	return none.Backend, nil
+}
+
+func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint) []error {
 	if err := r.ensureBackendLocked(ctx); err != nil {
 		return []error{err}
 	}
-	if len(endpoints) > 0 {
-		divert, err := r.guardDivertsLocked(ctx, endpoints)
-		if err != nil {
-			return []error{err}
-		}
-		switch {
-		case len(divert) > 0 && !reclaim:
-			if !r.guardLogged {
-				r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%s %v); the jumps stay out until the cache answers and reclaims the node", rules.GuardChain, divert)
-				r.guardLogged = true
-			}
-			r.statusMu.Lock()
-			r.status.GuardFailedOpen = true
-			r.status.RulesPresent = false
-			r.statusMu.Unlock()
-			return nil
-		case len(divert) > 0:
-			// The divert goes first: until the jumps are back, the cache gets the link-local traffic
-			// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
-			for _, fam := range divert {
-				if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
-					return []error{rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)}
-				}
-			}
-			r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", divert)
-		}
-		r.guardLogged = false
-		r.statusMu.Lock()
-		r.status.GuardFailedOpen = false
-		r.statusMu.Unlock()
+	if r.nft != nil {
+		return r.syncNFTablesLocked(ctx, endpoints)
 	}
 	byFamily := map[rules.Family][]rules.Endpoint{}
 	for _, e := range endpoints {
@@ -553,7 +653,14 @@ func (r *Reconciler) teardownLocked(ctx context.Context) error {
 	var errs []error
 	if !r.cfg.NoRules {
 		if err := r.ensureBackendLocked(ctx); err != nil {
-			errs = append(errs, err)
+			if !r.backendWaitSince.IsZero() && r.rules == nil {
+				// Still waiting for kube-proxy's rules: this Reconciler has written none of its own.
+				r.log.Infof("nodelocal: teardown: no rules backend chosen yet, so no rules of ours to remove")
+			} else {
+				errs = append(errs, err)
+			}
+		} else if r.nft != nil {
+			errs = append(errs, r.syncNFTablesLocked(ctx, nil)...)
 		} else {
 			for _, fam := range rules.Families {
 				if err := r.removeFamilyLocked(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}), true); err != nil {
@@ -586,6 +693,16 @@ func (r *Reconciler) guardDivertsLocked(ctx context.Context, endpoints []rules.E
 	var fams []rules.Family
 	for _, fam := range rules.Families {
 		if !slices.ContainsFunc(endpoints, func(e rules.Endpoint) bool { return rules.FamilyOf(e.Addr) == fam }) {
+			continue
+		}
+		if r.nft != nil {
+			ok, err := r.nft.TableExists(ctx, rules.NFTablesGuardTable)
+			if err != nil {
+				return nil, rulesError("look for the guard's divert (table inet "+rules.NFTablesGuardTable+")", err)
+			}
+			if ok {
+				fams = append(fams, fam)
+			}
 			continue
 		}
 		if _, err := r.backend.Tools(fam); err != nil {

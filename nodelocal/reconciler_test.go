@@ -40,7 +40,7 @@ func TestFirstSyncDualStack(t *testing.T) {
 		if !reflect.DeepEqual(s.Addresses, []netip.Addr{addrA, addrV6}) || !reflect.DeepEqual(s.RuleAddresses, []netip.Addr{addrA, addrV6}) {
 			t.Errorf("status addresses %v, rule addresses %v", s.Addresses, s.RuleAddresses)
 		}
-		if e.log.count("using iptables backend "+string(e.mode)) != 1 {
+		if e.log.count("using rules backend "+string(e.mode)) != 1 {
 			t.Errorf("the backend is not logged once")
 		}
 	})

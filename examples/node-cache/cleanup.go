@@ -34,7 +34,7 @@ func runCleanup(w io.Writer, nc *nodeCacheFlags, g *guardFlags, c *cleanupFlags)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	cfg := nodelocal.Config{Interface: nc.interfaceName, Backend: g.backend, LockPath: nc.lockFile, Logger: stdLogger{}}
+	cfg := nodelocal.Config{Interface: nc.interfaceName, Backend: g.backend, LockPath: nc.lockFile, Logger: log}
 	if err := nodelocal.Cleanup(ctx, cfg); err != nil {
 		return err
 	}

@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"slices"
 	"time"
 
-	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
@@ -45,12 +41,12 @@ func runDropIn(ctx context.Context, d *corefile.DropIn, directives []string, met
 		return fmt.Errorf("writing %s from %s: %w", d.Output, d.Base, err)
 	}
 	if d.Reload == nil && !slices.Contains(corefileDirectives(d.Written()), "reload") {
-		clog.Warningf("[node-cache] %s has no reload plugin and -reloadwithsignal is off: ConfigMap changes will "+
+		log.Warningf("%s has no reload plugin and -reloadwithsignal is off: ConfigMap changes will "+
 			"be written to it but not loaded until the next restart", d.Output)
 	}
 	go d.Watch(ctx, period)
 	if metricsAddr != "" {
-		if err := serveMetrics(ctx, metricsAddr); err != nil {
+		if err := serveMetrics(ctx, metricsAddr, promhttp.Handler()); err != nil {
 			return err
 		}
 	}
@@ -70,23 +66,4 @@ func corefileDirectives(c []byte) []string {
 		}
 	}
 	return names
-}
-
-// serveMetrics serves the default Prometheus registry, which holds node-cache's setup error counter along
-// with everything CoreDNS registers, on addr.
-func serveMetrics(ctx context.Context, addr string) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("-metrics-listen-address: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.Handler())
-	srv := &http.Server{Handler: mux}
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			clog.Errorf("[node-cache] metrics listener %s: %v", addr, err)
-		}
-	}()
-	go func() { <-ctx.Done(); srv.Close() }()
-	return nil
 }

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -43,7 +40,7 @@ func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	fs.BoolVar(&g.enabled, "guard", false, "run the fail-open guard beside the cache instead of the cache (see nodelocal.Guard)")
 	fs.StringVar(&g.serviceIPs, "guard.serviceips", "", "those of -localip that are kube-proxy Service ClusterIPs, removed from the link when failing open; default $KUBE_DNS_SERVICE_HOST when it is one of them")
 	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST")
-	fs.StringVar(&g.backend, "guard.backend", "auto", "iptables backend: auto, legacy or nft")
+	fs.StringVar(&g.backend, "guard.backend", "auto", "rules backend: auto, legacy, nft (iptables flavours) or nftables")
 	fs.StringVar(&g.lockPath, "guard.lockpath", nodelocal.DefaultGuardLockPath, "the guard's lock file (one guard per node)")
 	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds")
 	fs.DurationVar(&g.timeout, "guard.timeout", nodelocal.DefaultGuardProbeTimeout, "timeout of each probe")
@@ -147,19 +144,13 @@ func guardMetrics(g *nodelocal.Guard) *prometheus.Registry {
 	return reg
 }
 
-type stdLogger struct{}
-
-func (stdLogger) Infof(f string, a ...any)    { log.Printf("[INFO] "+f, a...) }
-func (stdLogger) Warningf(f string, a ...any) { log.Printf("[WARNING] "+f, a...) }
-func (stdLogger) Errorf(f string, a ...any)   { log.Printf("[ERROR] "+f, a...) }
-
 // runGuard is the -guard mode: it runs a nodelocal.Guard until SIGTERM or SIGINT.
 func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 	cfg, err := g.guardConfig(fs, nc, os.Getenv)
 	if err != nil {
 		return err
 	}
-	cfg.Logger = stdLogger{}
+	cfg.Logger = log
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var guard *nodelocal.Guard
@@ -176,15 +167,9 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 	}
 	defer guard.Close()
 	if addr := nc.metricsListenAddress; addr != "" {
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("-metrics-listen-address: %w", err)
+		if err := serveMetrics(ctx, addr, promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{})); err != nil {
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(l)
-		defer srv.Close()
 	}
 	// The guard leaves the node as it is when it stops: a failed-open node stays failed open until the
 	// cache takes it back.

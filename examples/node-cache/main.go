@@ -8,8 +8,6 @@
 package main
 
 import (
-	"log"
-
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/coremain"
 
@@ -41,7 +39,8 @@ import (
 )
 
 func main() {
-	runSideMode() // -guard and -preflight (guard.go, preflight.go) run here and exit
+	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
+	runSideMode()      // -guard and -preflight (guard.go, preflight.go) run here and exit
 	directives, err := compiledDirectives()
 	if err != nil {
 		log.Fatalf("node-cache: %v", err)

@@ -81,23 +81,23 @@ func sideMode() (bool, int) {
 	}
 	switch {
 	case modes > 1:
-		fmt.Fprintln(os.Stderr, "node-cache: -guard, -preflight and -cleanup exclude each other")
+		log.Errorf("-guard, -preflight and -cleanup exclude each other")
 		return true, 2
 	case cleanupOpts.enabled:
 		if err := runCleanup(os.Stdout, nodeCache, guardOpts, cleanupOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -cleanup: %v\n", err)
+			log.Errorf("-cleanup: %v", err)
 			return true, 1
 		}
 		return true, 0
 	case guardOpts.enabled:
 		if err := runGuard(flag.CommandLine, nodeCache, guardOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -guard: %v\n", err)
+			log.Errorf("-guard: %v", err)
 			return true, 1
 		}
 		return true, 0
 	case preflightOpts.enabled:
 		if err := runPreflight(os.Stdout, nodeCache, guardOpts, preflightOpts); err != nil {
-			fmt.Fprintf(os.Stderr, "node-cache -preflight: %v\n", err)
+			log.Errorf("-preflight: %v", err)
 			return true, 1
 		}
 		return true, 0

@@ -142,9 +142,10 @@ func runChild(tb testing.TB) {
 	cmd.Stdout = pw
 	cmd.Stderr = pw
 	relayed := make(chan struct{})
+	var ran outcome
 	go func() {
 		defer close(relayed)
-		relay(tb, pr, isBench)
+		ran = relay(tb, pr, isBench)
 	}()
 	runErr := cmd.Run()
 	pw.Close()
@@ -156,18 +157,59 @@ func runChild(tb testing.TB) {
 		}
 		tb.Fatalf("netnstest: child in namespace %s failed: %v", name, runErr)
 	}
+	// A child that exits 0 without running the test (a pattern that selects nothing, a TestMain that returns
+	// early) must not pass for it.
+	switch ran {
+	case notRun:
+		tb.Fatalf("netnstest: the child in namespace %s ran no test %s", name, tb.Name())
+	case skipped:
+		tb.Skipf("netnstest: the child in namespace %s skipped %s", name, tb.Name())
+	}
 	if isBench {
 		b.Skipf("netnstest: ran in namespace %s; the child's results are above", name)
 	}
 }
 
-func relay(tb testing.TB, r io.Reader, raw bool) {
+// outcome is what the child's output says about the test it was to run.
+type outcome int
+
+const (
+	notRun outcome = iota
+	passed
+	skipped
+	failed
+)
+
+// outcomeOf reads one line of the child's output (-test.v) for the result of the test or benchmark name.
+func outcomeOf(line, name string, bench bool) (outcome, bool) {
+	line = strings.TrimSpace(line)
+	for _, r := range []struct {
+		prefix string
+		o      outcome
+	}{{"--- PASS: ", passed}, {"--- SKIP: ", skipped}, {"--- FAIL: ", failed}} {
+		if rest, ok := strings.CutPrefix(line, r.prefix); ok && (rest == name || strings.HasPrefix(rest, name+" (")) {
+			return r.o, true
+		}
+	}
+	// A benchmark's result lines name it or one below it, with -GOMAXPROCS when that is not 1.
+	if rest, ok := strings.CutPrefix(line, name); bench && ok && rest != "" && strings.ContainsAny(rest[:1], "-/ \t") {
+		return passed, true
+	}
+	return notRun, false
+}
+
+// relay passes the child's output on and returns what it says about tb's test.
+func relay(tb testing.TB, r io.Reader, raw bool) outcome {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	if raw {
 		fmt.Fprintln(os.Stdout)
 	}
+	ran := notRun
 	for sc.Scan() {
+		if o, ok := outcomeOf(sc.Text(), tb.Name(), raw); ok && ran != failed {
+			ran = o
+		}
 		if raw {
 			fmt.Fprintln(os.Stdout, sc.Text())
 			continue
@@ -176,6 +218,7 @@ func relay(tb testing.TB, r io.Reader, raw bool) {
 	}
 	// Drain whatever a too-long line left behind, so the child never blocks on a full pipe.
 	_, _ = io.Copy(io.Discard, r)
+	return ran
 }
 
 // childFlags selects exactly tb in the child and passes on the flags that shape its run.

@@ -98,7 +98,73 @@ func TestNamespaceDeletedAfterTest(t *testing.T) {
 	}
 }
 
-const envForceFailure = "NETNSTEST_FORCE_FAILURE"
+const (
+	envForceFailure = "NETNSTEST_FORCE_FAILURE"
+	envRunNothing   = "NETNSTEST_CHILD_RUNS_NOTHING"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envRunNothing) != "" && Inside() {
+		os.Exit(0) // a child that exits cleanly without running its test
+	}
+	os.Exit(m.Run())
+}
+
+// TestRunsNothingOnRequest is the parent side of TestChildThatRanNothingFailsParent: its child exits at
+// once.
+func TestRunsNothingOnRequest(t *testing.T) {
+	if os.Getenv(envRunNothing) == "" {
+		t.Skip("only runs when TestChildThatRanNothingFailsParent starts it")
+	}
+	if !Run(t) {
+		return
+	}
+	t.Error("the child ran the test after all")
+}
+
+func TestChildThatRanNothingFailsParent(t *testing.T) {
+	privtest.RequirePrivileged(t, "ip")
+	if Inside() {
+		t.Fatal("this test starts its own process and must not run inside a namespace")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestRunsNothingOnRequest$", "-test.v=true")
+	cmd.Env = append(os.Environ(), envRunNothing+"=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the parent passed although its child ran no test:\n%s", out)
+	}
+	if !strings.Contains(string(out), "ran no test TestRunsNothingOnRequest") {
+		t.Errorf("output does not say the child ran no test:\n%s", out)
+	}
+}
+
+func TestOutcomeOf(t *testing.T) {
+	for _, tc := range []struct {
+		line, name string
+		bench      bool
+		want       outcome
+		ok         bool
+	}{
+		{"--- PASS: TestA (0.01s)", "TestA", false, passed, true},
+		{"    --- SKIP: TestA/nft (0.00s)", "TestA/nft", false, skipped, true},
+		{"--- FAIL: TestA (0.01s)", "TestA", false, failed, true},
+		{"--- PASS: TestAB (0.01s)", "TestA", false, notRun, false},
+		{"=== RUN   TestA", "TestA", false, notRun, false},
+		{"testing: warning: no tests to run", "TestA", false, notRun, false},
+		{"BenchmarkSync/backend=nft-2   \t 100\t 12 ns/op", "BenchmarkSync", true, passed, true},
+		{"BenchmarkSync 100 12 ns/op", "BenchmarkSync", true, passed, true},
+		{"BenchmarkSyncer-2 100 12 ns/op", "BenchmarkSync", true, notRun, false},
+		{"--- SKIP: BenchmarkSync", "BenchmarkSync", true, skipped, true},
+	} {
+		if got, ok := outcomeOf(tc.line, tc.name, tc.bench); got != tc.want || ok != tc.ok {
+			t.Errorf("outcomeOf(%q, %q) = %v, %v; want %v, %v", tc.line, tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
 
 // TestFailsOnRequest is the child side of TestChildFailureFailsParent.
 func TestFailsOnRequest(t *testing.T) {

@@ -254,6 +254,55 @@ func (m *Manager) RemoveAddresses(ctx context.Context, addrs []netip.Addr) ([]ne
 	return removed, nil
 }
 
+// Addresses returns the addresses the link holds, kernel-made IPv6 link-local ones aside, sorted; none when
+// there is no link.
+func (m *Manager) Addresses(ctx context.Context) ([]netip.Addr, error) {
+	l, err := m.lookup(ctx)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	have, err := m.addrs(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for a := range have {
+		if !(a.Is6() && a.IsLinkLocalUnicast()) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// AddAddresses puts addrs on the link, if there is one, and returns those it added; it creates no link.
+// The fail-open guard uses it to give back an address it removed while the cache was taking the node
+// back. Addresses it adds are not this Manager's to remove later.
+func (m *Manager) AddAddresses(ctx context.Context, addrs []netip.Addr) ([]netip.Addr, error) {
+	l, err := m.lookup(ctx)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	have, err := m.addrs(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	var added []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if _, ok := have[a]; ok {
+			continue
+		}
+		op := fmt.Sprintf("add address %s to %s", hostPrefix(a), m.name)
+		err := m.step(ctx, Change, op, func() error { return netlink.AddrAdd(l, netlinkAddr(a)) })
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return added, err
+		}
+		added = append(added, a)
+	}
+	return added, nil
+}
+
 // lookup returns the link, or nil when there is none.
 func (m *Manager) lookup(ctx context.Context) (netlink.Link, error) {
 	var l netlink.Link

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,7 +12,9 @@ import (
 // GuardChain is the nat chain of the fail-open guard. While it exists the node has failed open: the
 // cache's jumps are out and its local addresses that no kube-proxy rule serves are diverted to the
 // cluster DNS. Its presence is also the guard's word to the cache's reconciler that the jumps must stay
-// out until the cache answers again.
+// out until the cache answers again. Empty chains of the same name in the raw and filter tables, the
+// tables of the cache's jumps, carry the same word where RemoveJumpsWhileMarked can check it in the
+// transaction that removes the jumps.
 const GuardChain = "NODELOCALDNS-GUARD"
 
 // GuardComment starts the comment of every guard rule.
@@ -39,8 +42,9 @@ type Divert struct {
 }
 
 // Guard builds the guard's ruleset for one family: a chain in the nat table, hooked from PREROUTING (Pods)
-// and OUTPUT (the host), that DNATs UDP and TCP to each Divert's From and port to its To. Diverts of
-// other families are ignored; with none the chain is empty and only marks the node as failed open.
+// and OUTPUT (the host), that DNATs UDP and TCP to each Divert's From and port to its To, and the empty
+// marker chains GuardMarks of the same name. Diverts of other families are ignored; with none the nat
+// chain is empty and only marks the node as failed open.
 func Guard(fam Family, diverts []Divert) Ruleset {
 	c := Chain{
 		Table:       NAT,
@@ -85,7 +89,91 @@ func Guard(fam Family, diverts []Divert) Ruleset {
 				"-j", d.Via[i].Chain))
 		}
 	}
-	return Ruleset{Family: fam, Chains: []Chain{c}}
+	chains := []Chain{c}
+	for _, t := range GuardMarks {
+		chains = append(chains, Chain{Table: t, Name: GuardChain})
+	}
+	return Ruleset{Family: fam, Chains: chains}
+}
+
+// GuardMarks are the tables that hold the cache's jumps (NodeCache's raw and filter chains): in each, an
+// empty GuardChain with no jump to it marks the node as failed open.
+var GuardMarks = []Table{Raw, Filter}
+
+// RemoveJumpsWhileMarked is RemoveJumps made safe against a reclaim running at the same time: each table's
+// transaction first flushes the (empty) chain marker in that table, which fails, and so leaves the table
+// as it is, when the marker is gone. Whoever deletes the markers and then puts the jumps back (the cache
+// taking the node back from the guard) therefore never loses its jumps to this call. It reports whether
+// every table of rs held the marker, and whether it removed any jump; a removal that failed because a
+// marker went away meanwhile is not an error.
+func (m *Manager) RemoveJumpsWhileMarked(ctx context.Context, rs Ruleset, marker string) (marked, removed bool, err error) {
+	if err := rs.Validate(); err != nil {
+		return false, false, err
+	}
+	if err := validChainName(marker); err != nil {
+		return false, false, err
+	}
+	var tables []Table
+	for _, c := range rs.Chains {
+		if len(c.Hooks) > 0 && !slices.Contains(tables, c.Table) {
+			tables = append(tables, c.Table)
+		}
+	}
+	v, err := m.view(ctx, rs.Family)
+	if err != nil {
+		return false, false, err
+	}
+	if ok, err := markedIn(ctx, v, tables, marker); err != nil || !ok {
+		return false, false, err
+	}
+	deletes := map[Table][][]string{}
+	for _, c := range rs.Chains {
+		for _, h := range c.Hooks {
+			all, _, err := v.chain(ctx, c.Table, h)
+			if err != nil {
+				return true, false, err
+			}
+			for _, r := range all {
+				if target(r) == c.Name {
+					deletes[c.Table] = append(deletes[c.Table], append([]string{"-D", h}, r...))
+				}
+			}
+		}
+	}
+	if len(deletes) == 0 {
+		return true, false, nil
+	}
+	var p payload
+	for _, t := range tables {
+		if len(deletes[t]) == 0 {
+			continue
+		}
+		p.rule(t, "-F", marker) // fails when the marker is gone: then the table stays as it is
+		for _, d := range deletes[t] {
+			p.rule(t, d...)
+		}
+	}
+	if err := m.restore(ctx, rs.Family, p.bytes()); err != nil {
+		v, verr := m.view(ctx, rs.Family)
+		if verr != nil {
+			return true, false, errors.Join(err, verr)
+		}
+		if ok, verr := markedIn(ctx, v, tables, marker); verr == nil && !ok {
+			return false, false, nil // taken back while we were at it
+		}
+		return true, false, err
+	}
+	return true, true, nil
+}
+
+func markedIn(ctx context.Context, v view, tables []Table, marker string) (bool, error) {
+	for _, t := range tables {
+		_, exists, err := v.chain(ctx, t, marker)
+		if err != nil || !exists {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // ChainExists reports whether table holds a chain called name in family fam.

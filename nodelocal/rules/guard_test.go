@@ -19,8 +19,13 @@ func TestGuardRuleset(t *testing.T) {
 	if err := rs.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if len(rs.Chains) != 1 || rs.Chains[0].Table != NAT || len(rs.Chains[0].Rules) != 2 {
+	if len(rs.Chains) != 3 || rs.Chains[0].Table != NAT || len(rs.Chains[0].Rules) != 2 {
 		t.Fatalf("IPv4 guard ruleset: %+v", rs)
+	}
+	for i, table := range GuardMarks {
+		if c := rs.Chains[1+i]; c.Table != table || c.Name != GuardChain || len(c.Rules) != 0 || len(c.Hooks) != 0 {
+			t.Errorf("marker chain %d: %+v, want an empty %s chain in %s with no jump", i, c, GuardChain, table)
+		}
 	}
 	want := `-d 169.254.20.10/32 -p udp -m udp --dport 53 -m comment --comment "nodelocaldns-guard: 169.254.20.10 udp/53 to 10.96.0.11" -j DNAT --to-destination 10.96.0.11:53`
 	if got := joinArgs(rs.Chains[0].Rules[0]); got != want {
@@ -72,6 +77,53 @@ func TestGuardSyncHasJumpsChainExists(t *testing.T) {
 			}
 			if ok, err := m.ChainExists(ctx, fam, NAT, GuardChain); err != nil || ok {
 				t.Errorf("%s: ChainExists after Delete: %v, %v", fam, ok, err)
+			}
+		}
+	})
+}
+
+// TestRemoveJumpsWhileMarked: the cache's jumps go only while the guard's markers are there; with a marker
+// gone (the cache took the node back, or is doing so) they stay.
+func TestRemoveJumpsWhileMarked(t *testing.T) {
+	inNamespace(t, func(t *testing.T, m *Manager) {
+		ctx := context.Background()
+		for _, fam := range Families {
+			cache := testRuleset(fam)
+			if _, err := m.Sync(ctx, cache); err != nil {
+				t.Fatal(err)
+			}
+			if marked, removed, err := m.RemoveJumpsWhileMarked(ctx, cache, GuardChain); err != nil || marked || removed {
+				t.Errorf("%s, no marker: marked %v, removed %v, %v", fam, marked, removed, err)
+			}
+			checkInPlace(t, m, cache)
+
+			guard := Guard(fam, testDiverts())
+			if _, err := m.Sync(ctx, guard); err != nil {
+				t.Fatal(err)
+			}
+			// Only the filter table marked: the raw one is gone, as when a reclaim is half-way through.
+			ipt(t, m, fam, "-t", "raw", "-X", GuardChain)
+			if marked, removed, err := m.RemoveJumpsWhileMarked(ctx, cache, GuardChain); err != nil || marked || removed {
+				t.Errorf("%s, raw marker gone: marked %v, removed %v, %v", fam, marked, removed, err)
+			}
+			checkInPlace(t, m, cache)
+
+			if _, err := m.Sync(ctx, guard); err != nil {
+				t.Fatal(err)
+			}
+			if marked, removed, err := m.RemoveJumpsWhileMarked(ctx, cache, GuardChain); err != nil || !marked || !removed {
+				t.Errorf("%s, marked: marked %v, removed %v, %v", fam, marked, removed, err)
+			}
+			if has, err := m.HasJumps(ctx, cache); err != nil || has {
+				t.Errorf("%s: jumps after the removal: %v, %v", fam, has, err)
+			}
+			if marked, removed, err := m.RemoveJumpsWhileMarked(ctx, cache, GuardChain); err != nil || !marked || removed {
+				t.Errorf("%s, marked, no jumps left: marked %v, removed %v, %v", fam, marked, removed, err)
+			}
+			for _, rs := range []Ruleset{guard, cache} {
+				if err := m.Delete(ctx, rs); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	})

@@ -55,9 +55,9 @@ type SyncResult struct {
 
 // Sync makes the node hold rs: each chain exactly its rules, and a jump to it as the first rule of each of
 // its hooks. It reads only our chains and the first rule of each hook (a hook's other rules only when its
-// first is not our jump), and writes nothing when all is in place. Otherwise one iptables-restore
-// transaction rewrites the chains that differ, removes misplaced or duplicate jumps and inserts the jump
-// at position 1. Iptables-nft reads only the chains a command names, so the cost of a Sync does not grow
+// first is not our jump), and writes nothing when all is in place. Otherwise one iptables-restore run
+// rewrites the chains that differ, removes misplaced or duplicate jumps and inserts the jump at position 1;
+// each table commits on its own, so a failure in a later table leaves the earlier ones written. Iptables-nft reads only the chains a command names, so the cost of a Sync does not grow
 // with the rules of others; iptables-legacy always copies whole tables, so with it Sync reads each table
 // once by iptables-save.
 func (m *Manager) Sync(ctx context.Context, rs Ruleset) (SyncResult, error) {

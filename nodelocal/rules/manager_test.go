@@ -2,6 +2,7 @@ package rules
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -93,7 +94,11 @@ func checkInPlace(t *testing.T, m *Manager, rs Ruleset) {
 		if !slices.Equal(got, want) {
 			t.Errorf("%s %s: jumps to %s at %v, want %v", rs.Family, c.Table, c.Name, got, want)
 		}
-		for _, r := range append(slices.Clone(st.Chains[c.Name]), c.Jump()) {
+		ours := slices.Clone(st.Chains[c.Name])
+		if len(c.Hooks) > 0 {
+			ours = append(ours, c.Jump())
+		}
+		for _, r := range ours {
 			if i := slices.Index(r, "--comment"); i < 0 || !strings.HasPrefix(r[i+1], DefaultComment) {
 				t.Errorf("rule without project comment: %q", r)
 			}
@@ -340,21 +345,35 @@ func TestSyncHonoursContext(t *testing.T) {
 }
 
 func TestDetect(t *testing.T) {
-	privtest.RequirePrivileged(t, append(append([]string{"ip"}, backendTools[Legacy]...), backendTools[NFT]...)...)
+	privtest.RequirePrivileged(t, append(append([]string{"ip", "nft"}, backendTools[Legacy]...), backendTools[NFT]...)...)
+	const kubeProxyNFT = "table ip kube-proxy {\n  map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }\n" +
+		"  chain services { ip daddr . meta l4proto . th dport vmap @service-ips; }\n}\n"
 	cases := []struct {
 		name   string
 		setup  map[string]string // command -> restore payload
+		nft    string            // nft -f script
 		want   Mode
 		reason string
+		// none: no kube-proxy rules, want is the fallback; fails: an error mentioning reason; noTools: no
+		// iptables command on PATH, as in a node image for nftables mode.
+		none, fails, noTools bool
 	}{
-		{"empty node", nil, NFT, "neither"},
-		{"kubelet hint in legacy", map[string]string{"iptables-legacy-restore": "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"}, Legacy, "hint"},
-		{"kubelet hint in nft", map[string]string{
+		{name: "empty node", want: NFT, reason: "neither", none: true},
+		{name: "kubelet hint in legacy", setup: map[string]string{"iptables-legacy-restore": "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"}, want: Legacy, reason: "hint", none: true},
+		{name: "kubelet hint in nft", setup: map[string]string{
 			"ip6tables-nft-restore":   "*mangle\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n",
-			"iptables-legacy-restore": "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
-		}, NFT, "hint"},
-		{"kube chains in legacy only", map[string]string{"iptables-legacy-restore": "*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"}, Legacy, "KUBE-"},
-		{"more rules in legacy", map[string]string{"iptables-legacy-restore": "*filter\n-A INPUT -s 192.0.2.1/32 -j ACCEPT\nCOMMIT\n"}, Legacy, "legacy has 1"},
+			"iptables-legacy-restore": "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
+		}, want: NFT, reason: "hint"},
+		{name: "kube chains in legacy only", setup: map[string]string{"iptables-legacy-restore": "*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"}, want: Legacy, reason: "KUBE-"},
+		{name: "more rules in legacy", setup: map[string]string{"iptables-legacy-restore": "*filter\n-A INPUT -s 192.0.2.1/32 -j ACCEPT\nCOMMIT\n"}, want: Legacy, reason: "legacy has 1", none: true},
+		{name: "kube-proxy in nftables mode", setup: map[string]string{"iptables-nft-restore": "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"},
+			nft: kubeProxyNFT, want: NFTables, reason: "table ip kube-proxy"},
+		{name: "kube-proxy in both", setup: map[string]string{"iptables-nft-restore": "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n"},
+			nft: kubeProxyNFT, reason: "both in nftables", fails: true},
+		{name: "no iptables commands, kube-proxy in nftables mode", nft: kubeProxyNFT, want: NFTables, reason: "no iptables commands", noTools: true},
+		{name: "no iptables commands, kube-proxy in iptables-nft", setup: map[string]string{"iptables-nft-restore": "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n"},
+			reason: "no iptables commands are installed", fails: true, noTools: true},
+		{name: "no iptables commands, no kube-proxy", want: NFTables, reason: "no iptables commands", none: true, noTools: true},
 	}
 	for _, tc := range cases {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
@@ -368,8 +387,26 @@ func TestDetect(t *testing.T) {
 					t.Fatalf("%s: %v: %s", cmd, err, out)
 				}
 			}
+			if tc.nft != "" {
+				nftScript(t, tc.nft)
+			}
+			if tc.noTools {
+				t.Setenv("PATH", t.TempDir())
+			}
 			b, err := Select(context.Background(), Auto)
-			if err != nil {
+			var none *NoKubeProxyRulesError
+			switch {
+			case tc.fails:
+				if err == nil || !strings.Contains(err.Error(), tc.reason) {
+					t.Fatalf("Select = %v, %v; want an error saying %q", b, err, tc.reason)
+				}
+				return
+			case tc.none:
+				if !errors.As(err, &none) {
+					t.Fatalf("Select = %v, %v; want a NoKubeProxyRulesError", b, err)
+				}
+				b = none.Backend
+			case err != nil:
 				t.Fatal(err)
 			}
 			if b.Mode != tc.want || !strings.Contains(b.Reason, tc.reason) {

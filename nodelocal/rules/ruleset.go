@@ -3,7 +3,8 @@
 // A Ruleset names chains we own. Each chain is rewritten only as a whole and is reached by one jump at
 // position 1 of each built-in chain it hooks. Manager.Sync reads our chains and the first rule of each hook
 // (a few processes whose cost does not depend on the rules of others), and when anything differs it
-// rewrites what differs in one `iptables-restore --noflush -w` transaction per address family.
+// rewrites what differs in one `iptables-restore --noflush -w` run per address family, in which each table is
+// a transaction of its own (iptables-restore commits table by table).
 //
 // NodeCache builds the ruleset of a node-local DNS cache; other rulesets (a nat chain, say) are plain
 // values of the same types.

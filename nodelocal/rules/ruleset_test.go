@@ -251,13 +251,13 @@ func TestWaitSecondsFollowsDeadline(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"": Auto, "auto": Auto, "Legacy": Legacy, " nft ": NFT} {
+	for in, want := range map[string]Mode{"": Auto, "auto": Auto, "Legacy": Legacy, " nft ": NFT, "nftables": NFTables} {
 		if got, err := ParseMode(in); err != nil || got != want {
 			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
 		}
 	}
-	if _, err := ParseMode("nftables"); err == nil {
-		t.Error("ParseMode accepts nftables")
+	if _, err := ParseMode("ipvs"); err == nil {
+		t.Error("ParseMode accepts ipvs")
 	}
 }
 

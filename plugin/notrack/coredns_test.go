@@ -537,12 +537,7 @@ func TestShutdownIsBounded(t *testing.T) {
 // the node and takes no node lock.
 func TestLeaveEverythingToOthers(t *testing.T) {
 	lock := filepath.Join(t.TempDir(), "nodelocaldns.lock")
-	l, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(l.LocalAddr().String())
-	l.Close()
+	port := freeDNSPort(t)
 	corefile := fmt.Sprintf(".:%s {\n bind 127.0.0.1\n notrack {\n  no_interface\n  no_rules\n  lock %s\n }\n whoami\n}\n", port, lock)
 	inst, err := caddy.Start(caddy.CaddyfileInput{Contents: []byte(corefile), ServerTypeName: "dns"})
 	if err != nil {
@@ -560,4 +555,62 @@ func TestLeaveEverythingToOthers(t *testing.T) {
 	if h.rec != nil {
 		t.Error("a Reconciler was made")
 	}
+}
+
+// TestReloadWithoutNotrackNeverFails: a reload to a Corefile without notrack tears the node down from the
+// old instance's shutdown callback, after the new instance already serves. When that teardown fails (the
+// xtables lock held, so iptables-legacy cannot remove the rules), the reload must still succeed: caddy
+// takes an error from a shutdown callback for a failed reload. The failure is logged instead.
+func TestReloadWithoutNotrackNeverFails(t *testing.T) {
+	e := inNamespace(t, rules.Legacy)
+	if e == nil {
+		return
+	}
+	inst, err := caddy.Start(e.corefile("169.254.20.10"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitCovered("169.254.20.10")
+
+	f, err := os.OpenFile(os.Getenv(netnstest.EnvXtablesLock), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	next, err := inst.Restart(caddy.CaddyfileInput{Contents: []byte(".:1053 {\n    bind 127.0.0.1\n    whoami\n}\n"), ServerTypeName: "dns"})
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if err != nil {
+		inst.Stop()
+		t.Fatalf("the reload failed: %v", err)
+	}
+	defer shutdown(t, next)
+	e.waitLog("teardown incomplete")
+	if got := whoami(t, "127.0.0.1:1053"); !strings.Contains(got, "127.0.0.1") {
+		t.Errorf("the new instance answers %q", got)
+	}
+}
+
+// freeDNSPort returns a port of 127.0.0.1 that is free over TCP and UDP alike, as CoreDNS binds both: a
+// port found free for one only may be taken for the other (the machine's outgoing connections use the
+// same range), and a CoreDNS whose listener fails ends its first start without shutdown callbacks.
+func freeDNSPort(t *testing.T) string {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := net.SplitHostPort(l.Addr().String())
+		pc, err := net.ListenPacket("udp", "127.0.0.1:"+port)
+		l.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no port of 127.0.0.1 free over both TCP and UDP in 100 tries")
+	return ""
 }

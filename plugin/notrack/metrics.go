@@ -3,6 +3,7 @@ package notrack
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/coredns/coredns/plugin"
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,4 +68,36 @@ func countSetupError(err error) {
 	for _, k := range nodelocal.Kinds(err) {
 		SetupErrors.WithLabelValues(string(k)).Inc()
 	}
+}
+
+func (n *node) updateGauges() {
+	if n.rec == nil {
+		return
+	}
+	st := n.rec.Status()
+	rulesInPlace.Set(boolValue(!n.settings.NoRules && st.RulesPresent && n.allRulesWanted()))
+	if n.settings.NoInterface {
+		return
+	}
+	have := true
+	for k := range n.leases {
+		have = have && slices.Contains(st.Addresses, k.addr)
+	}
+	addressesInPlace.Set(boolValue(have && len(n.leases) > 0))
+}
+
+func (n *node) allRulesWanted() bool {
+	for _, sl := range n.leases {
+		if !sl.rules {
+			return false
+		}
+	}
+	return len(n.leases) > 0
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -7,19 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
-	"os/exec"
-	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 // The server is probed with a real query to each of its addresses: a TXT query for a name only this process
@@ -78,10 +73,8 @@ func isProofFor(r *dns.Msg, name string) bool {
 	return ok && txt.Hdr.Name == name && len(txt.Txt) == 1 && txt.Txt[0] == probeID.proof
 }
 
-// probeMark is the firewall mark of probe packets; the probe rule exempts exactly this mark from
-// connection tracking. It avoids the bits kube-proxy (0x4000, 0x8000), Calico (0xffff0000), Cilium
-// (0x0f00) and the AWS VPC CNI (0x80) test.
-const probeMark = 0x53
+// probeExemptionTimeout bounds removing the probe exemption once the probes are done.
+const probeExemptionTimeout = time.Second
 
 // probeTimeout bounds one probe; the handler answers at once, so only a server that is not there waits.
 const probeTimeout = time.Second
@@ -124,12 +117,12 @@ func probeOnce(ctx context.Context, t probeTarget) error {
 func markSocket(_, _ string, c syscall.RawConn) error {
 	var serr error
 	if err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, probeMark)
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, nodelocal.ProbeMark)
 	}); err != nil {
 		return err
 	}
 	if serr != nil {
-		return fmt.Errorf("set SO_MARK %#x on the probe socket: %w", probeMark, serr)
+		return fmt.Errorf("set SO_MARK %#x on the probe socket: %w", nodelocal.ProbeMark, serr)
 	}
 	return nil
 }
@@ -175,158 +168,10 @@ func probeUntilAnswered(ctx context.Context, t probeTarget) error {
 	}
 }
 
-// probeRules keeps one rule per address family in place while probes run: in the raw table's OUTPUT chain,
-// packets with probeMark skip connection tracking, so kube-proxy's nat rules never see them and a probe of
-// the kube-dns ClusterIP reaches this server before the NOTRACK rules do that for everyone. The rule is
-// appended, not inserted, so that it never takes position 1 from the NOTRACK chain's jump.
-type probeRules struct {
-	mu      sync.Mutex
-	users   int
-	mode    string
-	backend *rules.Backend
-	// families where this process added the rule.
-	installed map[rules.Family]bool
-}
-
-var probeRuleSpec = []string{
-	"-t", "raw", "OUTPUT",
-	"-m", "mark", "--mark", "0x" + strconv.FormatUint(probeMark, 16),
-	"-m", "comment", "--comment", rules.DefaultComment + ": probe of the node-local DNS cache",
-	"-j", "NOTRACK",
-}
-
-// acquire puts the rule in place for the families of addrs, in the backend mode configured ("auto" finds
-// kube-proxy's). Every acquire, failed or not, is followed by one release.
-func (p *probeRules) acquire(ctx context.Context, mode string, addrs []netip.Addr) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.users++
-	if p.backend == nil || (p.mode != mode && len(p.installed) == 0) {
-		m, err := rules.ParseMode(mode)
-		if err != nil {
-			return err
-		}
-		b, err := rules.Select(ctx, m)
-		if err != nil {
-			return fmt.Errorf("select iptables backend for the probe rule: %w", err)
-		}
-		p.backend, p.mode = b, mode
-		p.installed = map[rules.Family]bool{}
-	}
-	var errs []error
-	for _, fam := range families(addrs) {
-		if p.installed[fam] {
-			continue
-		}
-		present, err := p.check(ctx, fam)
-		if err == nil && !present {
-			err = p.run(ctx, fam, "-A")
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("add the %s probe rule: %w", fam, err))
-			continue
-		}
-		p.installed[fam] = true
-	}
-	return errors.Join(errs...)
-}
-
-// release removes the rules when the last user is done.
-func (p *probeRules) release() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.users--
-	if p.users > 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), linkTeardownTimeout)
-	defer cancel()
-	if err := p.removeLocked(ctx); err != nil {
+// releaseProbeExemption ends one use of the probe exemption (every Acquire, failed or not, has one).
+func (n *node) releaseProbeExemption() {
+	if err := n.probe.Release(probeExemptionTimeout); err != nil {
+		countSetupError(err)
 		log.Errorf("%v", err)
 	}
-}
-
-func (p *probeRules) active() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.installed) > 0
-}
-
-// removeAll removes the rules whoever uses them: the process is shutting down.
-func (p *probeRules) removeAll(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.removeLocked(ctx)
-}
-
-func (p *probeRules) removeLocked(ctx context.Context) error {
-	var errs []error
-	for fam := range p.installed {
-		// Delete every copy: one left behind by a process that was killed while probing is ours too.
-		for range 8 {
-			present, err := p.check(ctx, fam)
-			if err == nil && present {
-				err = p.run(ctx, fam, "-D")
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("remove the %s probe rule: %w", fam, err))
-				break
-			}
-			if !present {
-				delete(p.installed, fam)
-				break
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// check reports whether the rule is in place; iptables -C exits 1 when it is not.
-func (p *probeRules) check(ctx context.Context, fam rules.Family) (bool, error) {
-	err := p.run(ctx, fam, "-C")
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() == 1 {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-func (p *probeRules) run(ctx context.Context, fam rules.Family, op string) error {
-	tools, err := p.backend.Tools(fam)
-	if err != nil {
-		return err
-	}
-	wait := 2
-	if d, ok := ctx.Deadline(); ok {
-		wait = max(1, int(time.Until(d).Seconds()))
-	}
-	args := append([]string{"-w", strconv.Itoa(wait)}, probeRuleSpec[:2]...)
-	args = append(append(args, op), probeRuleSpec[2:]...)
-	cmd := exec.CommandContext(ctx, tools.IPTables, args...)
-	cmd.WaitDelay = time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s %s: %w", tools.IPTables, strings.Join(args, " "), ctx.Err())
-		}
-		return &iptablesError{cmd: tools.IPTables + " " + strings.Join(args, " "), out: strings.TrimSpace(string(out)), err: err}
-	}
-	return nil
-}
-
-type iptablesError struct {
-	cmd, out string
-	err      error
-}
-
-func (e *iptablesError) Error() string { return e.cmd + ": " + e.err.Error() + ": " + e.out }
-func (e *iptablesError) Unwrap() error { return e.err }
-
-func families(addrs []netip.Addr) []rules.Family {
-	var fams []rules.Family
-	for _, a := range addrs {
-		fams = append(fams, rules.FamilyOf(a))
-	}
-	slices.Sort(fams)
-	return slices.Compact(fams)
 }

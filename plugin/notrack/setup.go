@@ -17,8 +17,6 @@ import (
 	"github.com/coredns/coredns/plugin/pkg/transport"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
 
 const pluginName = "notrack"
@@ -227,7 +225,7 @@ func parse(c *caddy.Controller) (options, error) {
 				if len(args) != 1 {
 					return o, c.ArgErr()
 				}
-				if err := link.ValidName(args[0]); err != nil {
+				if err := nodelocal.ValidInterfaceName(args[0]); err != nil {
 					return o, c.Errf("interface: %v", err)
 				}
 				o.node.iface = setting[string]{args[0], true, where}
@@ -258,11 +256,11 @@ func parse(c *caddy.Controller) (options, error) {
 				if len(args) != 1 {
 					return o, c.ArgErr()
 				}
-				mode, err := rules.ParseMode(args[0])
+				mode, err := nodelocal.ParseBackend(args[0])
 				if err != nil {
 					return o, c.Errf("backend: %v", err)
 				}
-				o.node.backend = setting[string]{string(mode), true, where}
+				o.node.backend = setting[string]{mode, true, where}
 			case "lock":
 				if len(args) != 1 {
 					return o, c.ArgErr()

@@ -85,7 +85,7 @@ func TestSetup(t *testing.T) {
 		}`, listen: bound, err: "property 'sync' given more than once"},
 		{input: `notrack {
 			backend iptables
-		}`, listen: bound, err: `unknown iptables backend "iptables"`},
+		}`, listen: bound, err: `unknown rules backend "iptables"`},
 		{input: `notrack {
 			interface
 		}`, listen: bound, err: "Wrong argument count"},

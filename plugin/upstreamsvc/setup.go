@@ -15,7 +15,6 @@ import (
 	"github.com/coredns/coredns/plugin/dnstap"
 
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 )
 
 func init() { plugin.Register(pluginName, setup) }
@@ -101,9 +100,9 @@ func sharedWatch(c *caddy.Controller, cfg Config) (*serviceWatch, string, error)
 	if err != nil || rc == nil {
 		return nil, reason, err
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := newServiceClient(rc)
 	if err != nil {
-		return nil, "", fmt.Errorf("creating Kubernetes client: %w", err)
+		return nil, "", err
 	}
 	w := newServiceWatch(client, cfg.Namespace, cfg.Service)
 	ctx, cancel := context.WithTimeout(context.Background(), apiStartupTimeout)

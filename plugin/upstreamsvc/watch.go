@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -34,7 +33,7 @@ type follower interface {
 // serviceWatch follows one Service through the Kubernetes API. All upstreamsvc blocks of one Corefile
 // that name the same Service (and kubeconfig) share one, so a node opens one watch per Service.
 type serviceWatch struct {
-	client    kubernetes.Interface
+	client    *serviceClient
 	namespace string
 	name      string
 	selector  string // metadata.name=NAME: the API sends only this Service
@@ -49,7 +48,7 @@ type serviceWatch struct {
 	done   chan struct{}
 }
 
-func newServiceWatch(client kubernetes.Interface, namespace, name string) *serviceWatch {
+func newServiceWatch(client *serviceClient, namespace, name string) *serviceWatch {
 	return &serviceWatch{
 		client:    client,
 		namespace: namespace,
@@ -84,7 +83,7 @@ func (w *serviceWatch) String() string { return w.namespace + "/" + w.name }
 
 // prime asks the API once for the Service so setup can use the answer; ctx bounds the wait.
 func (w *serviceWatch) prime(ctx context.Context) {
-	list, err := w.client.CoreV1().Services(w.namespace).List(ctx, metav1.ListOptions{FieldSelector: w.selector})
+	list, err := w.client.list(ctx, w.namespace, metav1.ListOptions{FieldSelector: w.selector})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
@@ -160,15 +159,14 @@ func (w *serviceWatch) forget(obj any) {
 // field selector, reconnects with backoff, and re-lists when the watch expires; if the API did not
 // answer during setup, its first successful list switches the followers to the API's address.
 func (w *serviceWatch) start() error {
-	services := w.client.CoreV1().Services(w.namespace)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = w.selector
-			return services.List(ctx, opts)
+			return w.client.list(ctx, w.namespace, opts)
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.FieldSelector = w.selector
-			return services.Watch(ctx, opts)
+			return w.client.watch(ctx, w.namespace, opts)
 		},
 	}
 	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{

@@ -87,6 +87,7 @@ ip6.arpa:53 {
 
 // e2e is one run: the simulated node, its cluster DNS and resolver, and helpers.
 type e2e struct {
+	mode       simnode.KubeProxyMode
 	t          *testing.T
 	n          *simnode.Node
 	clusterDNS *simnode.Process
@@ -133,10 +134,14 @@ func (e *e2e) conntrack(dst string) int {
 	return n
 }
 
+// flushConntrack deletes the node's conntrack entries to the kube-dns ClusterIP and the link-local address,
+// those the test counts.
 func (e *e2e) flushConntrack() {
 	e.t.Helper()
-	if err := e.n.FlushConntrack(); err != nil {
-		e.t.Fatal(err)
+	for _, dst := range []string{simnode.KubeDNSClusterIP, simnode.LinkLocalIP} {
+		if err := e.n.DeleteConntrack(dst); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 }
 
@@ -150,10 +155,30 @@ func (e *e2e) podLookups() {
 	}
 }
 
-// ourRules returns the node's iptables and ip6tables rules that name the project, every table.
+// ourRules returns the node's rules that name the project: the iptables and ip6tables rules of every
+// table, and every line of our nftables tables.
 func (e *e2e) ourRules() []string {
 	e.t.Helper()
 	var rules []string
+	tables, err := e.node("nft", "list", "tables")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(tables, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || !strings.HasPrefix(f[2], "nodelocaldns") {
+			continue
+		}
+		out, err := e.node("nft", "list", "table", f[1], f[2])
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for l := range strings.SplitSeq(out, "\n") {
+			if l = strings.TrimSpace(l); l != "" && l != "}" {
+				rules = append(rules, f[1]+" "+f[2]+": "+l)
+			}
+		}
+	}
 	for _, save := range []string{"iptables-save", "ip6tables-save"} {
 		out, err := e.node(save)
 		if err != nil {
@@ -200,23 +225,36 @@ var rulesInPlace = regexp.MustCompile(`plugin/notrack: rules in place for (.*) (
 
 // cacheEnv is the node-cache process's environment: no Kubernetes API (it would not be reachable from the
 // simulated node), the kube-dns-upstream Service's variables as the kubelet sets them in a Pod, and an
-// xtables lock of its own.
-func cacheEnv(t *testing.T) []string {
+// xtables lock of its own. With noIPTables its PATH is an empty directory, as in a node image for
+// kube-proxy's nftables mode that ships no iptables commands.
+func cacheEnv(t *testing.T, noIPTables bool) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "KUBE_DNS_UPSTREAM_") && !strings.HasPrefix(kv, "XTABLES_LOCKFILE=") {
+		if !strings.HasPrefix(kv, "KUBERNETES_") && !strings.HasPrefix(kv, "KUBE_DNS_UPSTREAM_") && !strings.HasPrefix(kv, "XTABLES_LOCKFILE=") &&
+			(!noIPTables || !strings.HasPrefix(kv, "PATH=")) {
 			env = append(env, kv)
 		}
+	}
+	if noIPTables {
+		env = append(env, "PATH="+t.TempDir())
 	}
 	return append(env,
 		"KUBE_DNS_UPSTREAM_SERVICE_HOST="+simnode.UpstreamClusterIP,
 		"XTABLES_LOCKFILE="+filepath.Join(t.TempDir(), "xtables.lock"))
 }
 
-// TestNodeCache runs the node-cache build with a node-local Corefile on a simulated node and checks that
-// Pod DNS stops at the node, with neither DNAT nor conntrack, and that SIGUSR1 and SIGTERM behave.
+// TestNodeCache runs the node-cache build with a node-local Corefile on a simulated node, with kube-proxy in
+// iptables and in nftables mode, and checks that Pod DNS stops at the node, with neither DNAT nor
+// conntrack, and that SIGUSR1 and SIGTERM behave. In nftables mode the cache runs with no iptables command
+// on its PATH, and finds the backend itself (backend auto).
 func TestNodeCache(t *testing.T) {
-	privtest.RequirePrivileged(t, append(slices.Clone(simnode.Tools), "getent", "dig", "iptables-save", "ip6tables-save")...)
+	for _, mode := range []simnode.KubeProxyMode{simnode.IPTablesMode, simnode.NFTablesMode} {
+		t.Run(string(mode), func(t *testing.T) { testNodeCache(t, mode) })
+	}
+}
+
+func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
+	privtest.RequirePrivileged(t, append(slices.Clone(simnode.Tools), "nft", "getent", "dig", "iptables-save", "ip6tables-save")...)
 	var n *simnode.Node
 	// Registered first, so it runs last: after simnode's own cleanup, nothing of this test is left.
 	t.Cleanup(func() {
@@ -233,8 +271,8 @@ func TestNodeCache(t *testing.T) {
 			}
 		}
 	})
-	n = simnode.New(t)
-	e := &e2e{t: t, n: n}
+	n = simnode.NewWithMode(t, mode)
+	e := &e2e{t: t, n: n, mode: mode}
 	e.clusterDNS = n.StartClusterDNS(nodeCache)
 	e.ext = n.StartExternalResolver(nodeCache)
 	const (
@@ -259,7 +297,7 @@ func TestNodeCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := time.Now()
-	cache := n.StartEnv(n.NodeNS, cacheEnv(t), nodeCache, "-conf", path)
+	cache := n.StartEnv(n.NodeNS, cacheEnv(t, mode == simnode.NFTablesMode), nodeCache, "-conf", path)
 	var logged []string
 	waitFor(t, "rules in place", 30*time.Second, func() bool {
 		if cache.Exited() {
@@ -282,6 +320,18 @@ func TestNodeCache(t *testing.T) {
 	rules := e.ourRules()
 	if len(rules) == 0 {
 		t.Fatal("no rules")
+	}
+	wantBackend := "using rules backend nft "
+	if mode == simnode.NFTablesMode {
+		wantBackend = "using rules backend nftables (kube-proxy's nftables mode (table ip kube-proxy); no iptables commands installed)"
+	}
+	if !strings.Contains(cache.Output(), wantBackend) {
+		t.Errorf("the cache did not log %q:\n%s", wantBackend, cache.Output())
+	}
+	for _, r := range rules {
+		if inNFT := strings.HasPrefix(r, "inet "); inNFT != (mode == simnode.NFTablesMode) {
+			t.Errorf("kube-proxy in %s mode, and this rule of ours: %s", mode, r)
+		}
 	}
 	// notrack's probe of 10.96.0.10 reached the cache, not the cluster DNS behind kube-proxy's DNAT.
 	if strings.Contains(e.clusterDNS.Output(), "nodelocaldns-probe-") {

@@ -124,7 +124,7 @@ func (r *rig) stop(p *simnode.Process) {
 // newHandoverRig is a rig whose cache hands the node over at exit, built for load: wirecache in front of
 // the cache, as in the manifests, and a cluster DNS that does not log every query.
 func newHandoverRig(t *testing.T) *rig {
-	r := newRigWith(t, "nft", true)
+	r := newRigWith(t, "nft", simnode.IPTablesMode, true)
 	r.handover, r.wirecache = true, true
 	r.writeCorefile(r.corefile(53))
 	return r

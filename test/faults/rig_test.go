@@ -99,14 +99,20 @@ type rig struct {
 
 func newRig(t *testing.T, backend string) *rig {
 	t.Helper()
-	return newRigWith(t, backend, false)
+	return newRigMode(t, backend, simnode.IPTablesMode)
 }
 
-// newRigWith is newRig; quiet starts the cluster DNS without its query log, for load.
-func newRigWith(t *testing.T, backend string, quiet bool) *rig {
+// newRigMode is newRig on a node whose kube-proxy runs in mode.
+func newRigMode(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
+	t.Helper()
+	return newRigWith(t, backend, mode, false)
+}
+
+// newRigWith is newRigMode; quiet starts the cluster DNS without its query log, for load.
+func newRigWith(t *testing.T, backend string, mode simnode.KubeProxyMode, quiet bool) *rig {
 	t.Helper()
 	bin := binary(t)
-	n := simnode.New(t)
+	n := simnode.NewWithMode(t, mode)
 	var clusterDNS *simnode.Process
 	if quiet {
 		clusterDNS = n.StartQuietClusterDNS(bin)

@@ -7,11 +7,16 @@
 //	dns  (10.244.1.2) --veth-- node (10.244.1.1)       the cluster-DNS Pod (CoreDNS serving cluster.local)
 //	ext  (192.0.2.53) --veth-- node (192.0.2.1)        the node's upstream resolver, for names outside the cluster
 //
-// In the node namespace, nat rules laid out as kube-proxy's iptables mode lays them out (KUBE-SERVICES,
-// a chain per Service port, a chain per endpoint, masquerading by mark) DNAT the kube-dns ClusterIP
-// (10.96.0.10) and the kube-dns-upstream ClusterIP (10.96.0.11) to the cluster-DNS Pod, for Pod traffic
-// (PREROUTING) and for host-network traffic (OUTPUT). Every address above exists only inside namespaces the test created, and
-// every namespace, file and process is removed in t.Cleanup, also when the test fails.
+// In the node namespace, kube-proxy's rules DNAT the kube-dns ClusterIP (10.96.0.10) and the
+// kube-dns-upstream ClusterIP (10.96.0.11) to the cluster-DNS Pod, for Pod traffic (prerouting) and for
+// host-network traffic (output): in iptables mode (IPTablesMode, the default) laid out as kube-proxy lays
+// them out (KUBE-SERVICES with a rule per ClusterIP and port commented "NAMESPACE/NAME:PORT cluster IP", a
+// KUBE-SVC-* chain per Service port, a KUBE-SEP-* chain per endpoint, masquerading by mark), in nftables
+// mode (NFTablesMode) as kube-proxy's `table ip kube-proxy` with its services chain, service-ips verdict
+// map, per-Service and per-endpoint chains, the masquerading chains and the cluster-ips-check that rejects
+// new connections to a ClusterIP's other ports, and no KUBE-* iptables chain at all. Every address above
+// exists only inside namespaces the test created, and every namespace, file and process is removed in
+// t.Cleanup, also when the test fails.
 package simnode
 
 import (
@@ -50,8 +55,20 @@ const (
 	ClusterDomain     = "cluster.local"
 )
 
-// Tools lists the commands a Node needs on PATH.
-var Tools = []string{"ip", "iptables", "conntrack", "sysctl"}
+// Tools lists the commands a Node needs on PATH; NFTablesTools those of NFTablesMode.
+var (
+	Tools         = []string{"ip", "iptables", "conntrack", "sysctl"}
+	NFTablesTools = []string{"ip", "nft", "conntrack", "sysctl"}
+)
+
+// KubeProxyMode is how the simulated kube-proxy writes its rules.
+type KubeProxyMode string
+
+// The modes.
+const (
+	IPTablesMode KubeProxyMode = "iptables"
+	NFTablesMode KubeProxyMode = "nftables"
+)
 
 // sequence keeps namespace names unique among the Nodes of one test binary.
 var sequence atomic.Int32
@@ -60,20 +77,33 @@ var sequence atomic.Int32
 type Node struct {
 	// NodeNS, PodNS, DNSNS and ExtNS are the `ip netns` names of the namespaces.
 	NodeNS, PodNS, DNSNS, ExtNS string
+	// Mode is the simulated kube-proxy's mode.
+	Mode KubeProxyMode
 
 	t testing.TB
 }
 
-// New builds a simulated node and registers its removal with t.Cleanup.
+// New builds a simulated node with kube-proxy in iptables mode and registers its removal with t.Cleanup.
 func New(t testing.TB) *Node {
 	t.Helper()
-	privtest.RequirePrivileged(t, Tools...)
+	return NewWithMode(t, IPTablesMode)
+}
+
+// NewWithMode builds a simulated node with kube-proxy in mode and registers its removal with t.Cleanup.
+func NewWithMode(t testing.TB, mode KubeProxyMode) *Node {
+	t.Helper()
+	if mode == NFTablesMode {
+		privtest.RequirePrivileged(t, NFTablesTools...)
+	} else {
+		privtest.RequirePrivileged(t, Tools...)
+	}
 	prefix := fmt.Sprintf("sn%d-%d", os.Getpid()%100000, sequence.Add(1))
 	n := &Node{
 		NodeNS: prefix + "-node",
 		PodNS:  prefix + "-pod",
 		DNSNS:  prefix + "-dns",
 		ExtNS:  prefix + "-ext",
+		Mode:   mode,
 		t:      t,
 	}
 	t.Cleanup(n.remove)
@@ -88,7 +118,11 @@ func New(t testing.TB) *Node {
 	// ClusterIPs need a route for host-network traffic before nat OUTPUT rewrites them.
 	n.mustIn(n.NodeNS, "ip", "route", "add", "default", "via", ExtResolverIP)
 	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	n.installKubeProxyRules()
+	if mode == NFTablesMode {
+		n.installKubeProxyNFTables()
+	} else {
+		n.installKubeProxyRules()
+	}
 	n.writePodResolvConf()
 	return n
 }
@@ -156,6 +190,53 @@ func (n *Node) installKubeProxyRules() {
 	cmd.Stdin = strings.NewReader(rules.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		n.t.Fatalf("simnode: installing kube-proxy rules: %v: %s", err, out)
+	}
+}
+
+// installKubeProxyNFTables writes kube-proxy's nftables-mode table (pkg/proxy/nftables) for the two DNS
+// Services, each with the cluster-DNS Pod as its one endpoint, over UDP and TCP.
+func (n *Node) installKubeProxyNFTables() {
+	var b strings.Builder
+	b.WriteString(`table ip kube-proxy {
+	comment "rules for kube-proxy"
+	set cluster-ips { type ipv4_addr; comment "Active ClusterIPs"; }
+	map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"; }
+	chain mark-for-masquerade { mark set mark or 0x4000; }
+	chain masquerading {
+		mark and 0x4000 == 0 return
+		mark set mark xor 0x4000
+		masquerade fully-random
+	}
+	chain services { ip daddr . meta l4proto . th dport vmap @service-ips; }
+	chain cluster-ips-check {
+		ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
+		ip daddr 10.96.0.0/16 drop comment "Drop traffic to unallocated ClusterIPs"
+	}
+	chain filter-forward { type filter hook forward priority -110; policy accept; ct state new jump cluster-ips-check; }
+	chain filter-output-post-dnat { type filter hook output priority -90; policy accept; ct state new jump cluster-ips-check; }
+	chain nat-prerouting { type nat hook prerouting priority dstnat; policy accept; jump services; }
+	chain nat-output { type nat hook output priority -100; policy accept; jump services; }
+	chain nat-postrouting { type nat hook postrouting priority srcnat; policy accept; jump masquerading; }
+`)
+	services := map[string]string{KubeDNSClusterIP: "kube-dns", UpstreamClusterIP: "kube-dns-upstream"}
+	elements := make([]string, 0, 4)
+	for _, ip := range []string{KubeDNSClusterIP, UpstreamClusterIP} {
+		for _, proto := range []string{"udp", "tcp"} {
+			name := fmt.Sprintf("kube-system/%s/%s/dns", services[ip], proto)
+			svcChain := "service-" + strings.ToUpper(proto) + "DNS" + strings.ReplaceAll(ip, ".", "") + "-" + name
+			epChain := "endpoint-" + strings.ToUpper(proto) + "EP" + strings.ReplaceAll(ip, ".", "") + "-" + name + "__" + ClusterDNSPodIP + "/53"
+			fmt.Fprintf(&b, "\tchain %s {\n\t\tip saddr %s jump mark-for-masquerade\n\t\tmeta l4proto %s dnat to %s:53\n\t}\n", epChain, ClusterDNSPodIP, proto, ClusterDNSPodIP)
+			fmt.Fprintf(&b, "\tchain %s {\n\t\tip daddr %s %s dport 53 ip saddr != 10.244.0.0/16 jump mark-for-masquerade\n\t\tnumgen random mod 1 vmap { 0 : goto %s }\n\t}\n", svcChain, ip, proto, epChain)
+			elements = append(elements, fmt.Sprintf("%s . %s . 53 : goto %s", ip, proto, svcChain))
+		}
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(&b, "add element ip kube-proxy cluster-ips { %s, %s }\n", KubeDNSClusterIP, UpstreamClusterIP)
+	fmt.Fprintf(&b, "add element ip kube-proxy service-ips { %s }\n", strings.Join(elements, ", "))
+	cmd := n.command(context.Background(), n.NodeNS, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		n.t.Fatalf("simnode: installing kube-proxy's nftables table: %v: %s", err, out)
 	}
 }
 
@@ -374,6 +455,17 @@ func (n *Node) ConntrackEntries(proto, dst string) ([]string, error) {
 		}
 	}
 	return entries, nil
+}
+
+// DeleteConntrack deletes the node namespace's conntrack entries whose original direction goes to dst,
+// and keeps the others: flushing every entry would also drop the NAT state of connections that stay open,
+// such as a node cache's TCP connections to kube-dns-upstream, which a real node never does.
+func (n *Node) DeleteConntrack(dst string) error {
+	out, err := n.In(context.Background(), n.NodeNS, "conntrack", "-D", "--orig-dst", dst)
+	if err != nil && strings.Contains(out, "0 flow entries have been deleted") {
+		return nil
+	}
+	return err
 }
 
 // FlushConntrack empties the node namespace's conntrack table.

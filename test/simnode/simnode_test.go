@@ -29,12 +29,31 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestWithoutCacheLookupsAreDNATed checks the simulated node itself: with no node cache, a Pod's lookup to
-// the kube-dns ClusterIP is DNATed to the cluster-DNS Pod and leaves a conntrack entry per lookup, which is
-// the behaviour the node cache exists to remove.
+// TestWithoutCacheLookupsAreDNATed checks the simulated node itself, with kube-proxy in each mode: with no
+// node cache, a Pod's lookup to the kube-dns ClusterIP is DNATed to the cluster-DNS Pod and leaves a
+// conntrack entry per lookup, which is the behaviour the node cache exists to remove.
 func TestWithoutCacheLookupsAreDNATed(t *testing.T) {
-	n := New(t)
+	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
+		t.Run(string(mode), func(t *testing.T) { testWithoutCache(t, mode) })
+	}
+}
+
+func testWithoutCache(t *testing.T, mode KubeProxyMode) {
+	n := NewWithMode(t, mode)
 	clusterDNS := n.StartClusterDNS(nodeCache)
+	if mode == NFTablesMode {
+		// kube-proxy's nftables mode leaves iptables alone, and rejects new connections to a ClusterIP's
+		// other ports.
+		for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+			if out, err := n.In(context.Background(), n.NodeNS, save); err == nil && strings.Contains(out, "KUBE-") {
+				t.Errorf("%s in nftables mode:\n%s", save, out)
+			}
+		}
+		if _, err := n.Query(n.PodNS, "tcp", KubeDNSClusterIP+":5353", "kubernetes.default.svc.cluster.local", dns.TypeA); err == nil ||
+			!strings.Contains(err.Error(), "refused") {
+			t.Errorf("a query to another port of the ClusterIP: %v, want connection refused (cluster-ips-check)", err)
+		}
+	}
 
 	if err := n.FlushConntrack(); err != nil {
 		t.Fatal(err)
