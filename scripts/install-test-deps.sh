@@ -3,6 +3,9 @@
 # The privileged tests fail (they do not skip) under `make test` when a tool is absent, so this runs first.
 set -euo pipefail
 
+# etcd and kube-apiserver for the Kubernetes API tests, built from the Go module proxy once and cached.
+"$(dirname "$0")/build-kube-apiserver.sh"
+
 # tool -> Debian package
 declare -A package_of=(
 	[iptables]=iptables

@@ -52,14 +52,15 @@ func TestManifests(t *testing.T) {
 				t.Errorf("DaemonSet runs as %q, the ServiceAccount is %q", pod.ServiceAccountName, sa.Name)
 			}
 
-			// RBAC: upstreamsvc reads Services in kube-system.
+			// RBAC: upstreamsvc lists and watches kube-dns-upstream in kube-system, nothing else.
 			rb := objs.RoleBindings[0]
 			if rb.RoleRef.Name != objs.Roles[0].Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != sa.Name ||
 				rb.Subjects[0].Namespace != sa.Namespace {
 				t.Errorf("RoleBinding %+v does not bind the ServiceAccount to the Role", rb)
 			}
 			rule := objs.Roles[0].Rules[0]
-			if !slices.Equal(rule.Resources, []string{"services"}) || !slices.Equal(rule.Verbs, []string{"get", "list", "watch"}) {
+			if len(objs.Roles[0].Rules) != 1 || !slices.Equal(rule.Resources, []string{"services"}) ||
+				!slices.Equal(rule.ResourceNames, []string{"kube-dns-upstream"}) || !slices.Equal(rule.Verbs, []string{"list", "watch"}) {
 				t.Errorf("Role rule %+v", rule)
 			}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/plugin/dnstap"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -66,7 +67,7 @@ func resolveInitial(cfg *Config, watch *serviceWatch, apiReason string, lookupEn
 		case known:
 			apiReason = fmt.Sprintf("the Kubernetes API has no Service %s", watch)
 		default:
-			apiReason = fmt.Sprintf("the Kubernetes API did not answer: %v", err)
+			apiReason = apiFailure(watch, err)
 		}
 	}
 	set, found, err := cfg.envSet(lookupEnv)
@@ -83,6 +84,15 @@ func resolveInitial(cfg *Config, watch *serviceWatch, apiReason string, lookupEn
 		log.Warningf("%s; using %s from %s until the API has it", apiReason, strings.Join(set.addrs, ","), set.source)
 	}
 	return set, nil
+}
+
+// apiFailure says why the API gave no answer during setup. A refusal (401, 403) is told apart from
+// silence: its fix is the plugin's credentials or Role, not the network.
+func apiFailure(w *serviceWatch, err error) string {
+	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+		return fmt.Sprintf("the Kubernetes API refused to list Service %s (the plugin's credentials need list and watch on it): %v", w, err)
+	}
+	return fmt.Sprintf("the Kubernetes API did not answer: %v", err)
 }
 
 // watchKey identifies a shared serviceWatch in the caddy instance's storage.

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the etcd and kube-apiserver binaries the Kubernetes API tests run (internal/kubeapi), from the Go
+# module proxy at the versions pinned in internal/kubeapi/tools/*/go.mod, into
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/nodelocaldns/kubeapi/{kube-apiserver-vX.Y.Z,etcd-vX.Y.Z}
+# which is where the tests look. A binary already there is kept, so only the first run builds; a new pin
+# is a new file name and builds again. Called by install-test-deps.sh (so by `make test`).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tools=$repo/internal/kubeapi/tools
+dest=${XDG_CACHE_HOME:-$HOME/.cache}/nodelocaldns/kubeapi
+go=${GO:-go}
+
+# pinned MODULE GOMOD: the version GOMOD requires MODULE at.
+pinned() {
+	local version
+	version=$(awk -v m="$1" '($1 == "require" && $2 == m) { print $3 } ($1 == m && $2 ~ /^v/) { print $2 }' "$2" | head -n 1)
+	if [ -z "$version" ]; then
+		echo "build-kube-apiserver: $2 does not require $1" >&2
+		exit 1
+	fi
+	echo "$version"
+}
+
+kube_version=$(pinned k8s.io/kubernetes "$tools/kube-apiserver/go.mod")
+etcd_version=$(pinned go.etcd.io/etcd/server/v3 "$tools/etcd/go.mod")
+apiserver=$dest/kube-apiserver-$kube_version
+etcd=$dest/etcd-$etcd_version
+
+if [ -x "$apiserver" ] && [ -x "$etcd" ]; then
+	exit 0
+fi
+
+mkdir -p "$dest"
+# Two `make test` runs at once build once: the second waits here, then finds the binaries.
+exec 9>"$dest/.build.lock"
+flock 9
+
+# build DIR OUTPUT LDFLAGS: builds the main package in DIR (its own module) into OUTPUT, via a temporary
+# file so that an interrupted build never leaves a binary that looks finished.
+build() {
+	local dir=$1 out=$2 ldflags=$3
+	[ -x "$out" ] && return 0
+	local started=$SECONDS
+	(cd "$dir" && nice "$go" build -trimpath -ldflags "$ldflags" -o "$out.tmp" .)
+	mv -f "$out.tmp" "$out"
+	echo "build-kube-apiserver: built $out in $((SECONDS - started))s"
+}
+
+if [ ! -x "$etcd" ]; then
+	echo "build-kube-apiserver: building etcd $etcd_version for the Kubernetes API tests (about 1 minute on 2 cores, once)"
+	build "$tools/etcd" "$etcd" "-s -w"
+fi
+if [ ! -x "$apiserver" ]; then
+	# The figure is from a cold build cache; README.md says how it was measured.
+	echo "build-kube-apiserver: building kube-apiserver $kube_version for the Kubernetes API tests;" \
+		"the first build takes about 11 CPU-minutes, ten minutes or more on 2 cores (later runs reuse $apiserver)"
+	minor=${kube_version#v*.}
+	minor=${minor%%.*}
+	major=${kube_version#v}
+	major=${major%%.*}
+	build "$tools/kube-apiserver" "$apiserver" "-s -w \
+		-X k8s.io/component-base/version.gitVersion=$kube_version \
+		-X k8s.io/component-base/version.gitMajor=$major \
+		-X k8s.io/component-base/version.gitMinor=$minor \
+		-X k8s.io/component-base/version.gitTreeState=clean"
+fi

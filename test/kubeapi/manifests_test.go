@@ -1,0 +1,173 @@
+package kubeapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubeapi"
+)
+
+// TestManifestsStrict creates every object of every shipped manifest, as the YAML text an operator applies,
+// with fieldValidation=Strict: an unknown or duplicate field, a value the API rejects, or any warning the API
+// sends back fails the test. Each manifest's objects are deleted before the next is created.
+func TestManifestsStrict(t *testing.T) {
+	files, err := filepath.Glob("../../examples/kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in examples/kubernetes (%v)", err)
+	}
+	s := kubeapi.Start(t)
+	a := newApplier(t, s.AdminConfig())
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.createAll(t, data)
+		})
+	}
+}
+
+// applier creates objects from YAML documents through the API's REST paths.
+type applier struct {
+	cfg    *rest.Config
+	client *http.Client
+	mapper meta.RESTMapper
+}
+
+func newApplier(t *testing.T, cfg *rest.Config) *applier {
+	t.Helper()
+	client, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(dc)
+	if err != nil {
+		t.Fatalf("API discovery: %v", err)
+	}
+	return &applier{cfg: cfg, client: client, mapper: restmapper.NewDiscoveryRESTMapper(groups)}
+}
+
+var documentSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// createAll creates every object of a multi-document YAML stream, then deletes them all, in reverse.
+func (a *applier) createAll(t *testing.T, stream []byte) {
+	t.Helper()
+	var created []string
+	t.Cleanup(func() {
+		for i := len(created) - 1; i >= 0; i-- {
+			if err := a.do(http.MethodDelete, created[i], "", nil); err != nil {
+				t.Errorf("deleting %s: %v", created[i], err)
+			}
+		}
+	})
+	n := 0
+	for _, doc := range documentSeparator.Split(string(stream), -1) {
+		var head struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name      string `json:"name"`
+				Namespace string `json:"namespace"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatalf("document %d: %v", n, err)
+		}
+		if head.Kind == "" {
+			continue // only comments
+		}
+		n++
+		what := fmt.Sprintf("%s %s/%s", head.Kind, head.Metadata.Namespace, head.Metadata.Name)
+		gv, err := schema.ParseGroupVersion(head.APIVersion)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		mapping, err := a.mapper.RESTMapping(gv.WithKind(head.Kind).GroupKind(), gv.Version)
+		if err != nil {
+			t.Fatalf("%s: the API does not serve it: %v", what, err)
+		}
+		collection := "/api/" + gv.Version
+		if gv.Group != "" {
+			collection = "/apis/" + gv.Group + "/" + gv.Version
+		}
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			if head.Metadata.Namespace == "" {
+				t.Errorf("%s has no namespace; it would land in the namespace of whoever applies it", what)
+				head.Metadata.Namespace = "default"
+			}
+			collection += "/namespaces/" + head.Metadata.Namespace
+		}
+		collection += "/" + mapping.Resource.Resource
+		var warnings []string
+		err = a.do(http.MethodPost, collection+"?fieldValidation="+metav1.FieldValidationStrict, doc, &warnings)
+		if err != nil {
+			t.Errorf("creating %s: %v", what, err)
+			continue
+		}
+		created = append(created, collection+"/"+head.Metadata.Name)
+		for _, w := range warnings {
+			t.Errorf("creating %s: the API warns: %s", what, w)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no objects in the manifest")
+	}
+	// What was created reads back.
+	for _, path := range created {
+		if err := a.do(http.MethodGet, path, "", nil); err != nil {
+			t.Errorf("reading back %s: %v", path, err)
+		}
+	}
+}
+
+// do sends one request; a YAML body goes as application/yaml, as written. It returns the API's Status
+// message for an error, and the Warning headers in warnings when that is not nil.
+func (a *applier) do(method, path, body string, warnings *[]string) error {
+	req, err := http.NewRequestWithContext(context.Background(), method, a.cfg.Host+path, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/yaml")
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if warnings != nil {
+		*warnings = resp.Header.Values("Warning")
+	}
+	if resp.StatusCode/100 == 2 {
+		return nil
+	}
+	var status metav1.Status
+	if json.Unmarshal(b, &status) == nil && status.Message != "" {
+		return fmt.Errorf("%s: %s", resp.Status, status.Message)
+	}
+	return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
+}
