@@ -14,7 +14,7 @@ test: test-deps check
 	$(GO) test -count=1 -timeout 30m ./...
 
 test-deps:
-	./scripts/install-test-deps.sh
+	GO=$(GO) ./scripts/install-test-deps.sh
 
 check:
 	@unformatted=$$(gofmt -l .); \

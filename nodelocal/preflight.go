@@ -16,6 +16,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
@@ -227,9 +228,9 @@ func checkKubeProxyMode(cfg PreflightConfig, st nodeState) []Finding {
 		if len(bound) > 0 {
 			return []Finding{{check, SeverityError,
 				fmt.Sprintf("IPVS: %s holds %v, a ClusterIP kube-proxy serves; the cache cannot take it over", IPVSInterface, bound),
-				"serve only the link-local address (drop the ClusterIP from -localip) and set kubelet's clusterDNS to it"}}
+				"serve only the link-local address (drop the ClusterIP from -localip); once the cache is Ready on the node, point kubelet's clusterDNS at that address"}}
 		}
-		return []Finding{checkKubeletClusterDNS(cfg)}
+		return []Finding{checkKubeletClusterDNS(cfg, ipvs.addrs)}
 	}
 	if len(st.kubeProxyNFT) > 0 {
 		return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("nftables (table %s)", strings.Join(st.kubeProxyNFT, ", "))}}
@@ -243,58 +244,48 @@ func checkKubeProxyMode(cfg PreflightConfig, st nodeState) []Finding {
 		"run on a node where kube-proxy runs, or check that the cluster's Service proxy still DNATs the kube-dns ClusterIP: the fail-open path relies on it"}}
 }
 
-// checkKubeletClusterDNS reads clusterDNS from kubelet's configuration: in IPVS mode Pods must be told the
-// link-local address, since the ClusterIP stays kube-proxy's.
-func checkKubeletClusterDNS(cfg PreflightConfig) Finding {
-	const check = "kube-proxy mode"
-	fix := fmt.Sprintf("set kubelet's clusterDNS to %v", cfg.Addresses)
-	data, err := os.ReadFile(cfg.KubeletConfig)
-	if err != nil {
-		return Finding{check, SeverityWarning, fmt.Sprintf("IPVS; could not read kubelet's configuration: %v", err), fix}
-	}
-	dns := yamlList(data, "clusterDNS")
-	for _, s := range dns {
-		if a, err := netip.ParseAddr(s); err == nil && slices.Contains(cfg.Addresses, a.Unmap()) {
-			return Finding{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("IPVS; kubelet's clusterDNS is %v", dns)}
-		}
-	}
-	return Finding{check, SeverityError, fmt.Sprintf("IPVS: kubelet's clusterDNS is %v, not one of the cache's addresses: Pods would bypass the cache", dns), fix}
+// kubeletConfiguration is the part of kubelet's KubeletConfiguration file (kubelet.config.k8s.io/v1beta1)
+// the preflight reads.
+type kubeletConfiguration struct {
+	ClusterDNS []string `json:"clusterDNS"`
 }
 
-// yamlList returns the items of a top-level block or flow list in a YAML file, which is all kubelet's
-// clusterDNS ever is.
-func yamlList(data []byte, key string) []string {
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	in := false
-	for sc.Scan() {
-		line := sc.Text()
-		trimmed := strings.TrimSpace(line)
-		if rest, ok := strings.CutPrefix(line, key+":"); ok {
-			rest = strings.TrimSpace(rest)
-			if strings.HasPrefix(rest, "[") {
-				for _, f := range strings.Split(strings.Trim(rest, "[]"), ",") {
-					if f = strings.Trim(strings.TrimSpace(f), `"'`); f != "" {
-						out = append(out, f)
-					}
-				}
-				return out
-			}
-			in = true
+// checkKubeletClusterDNS reads clusterDNS from kubelet's configuration: in IPVS mode Pods must be told the
+// link-local address, since the ClusterIP stays kube-proxy's. Before the rollout kubelet still names the
+// kube-dns ClusterIP, and must: pointing it at the link-local address before the cache answers there would
+// send every new Pod's lookups to an address nothing serves. So that is guidance in the safe order, not an
+// error. ipvsAddrs are the ClusterIPs on kube-ipvs0.
+func checkKubeletClusterDNS(cfg PreflightConfig, ipvsAddrs []netip.Addr) Finding {
+	const check = "kube-proxy mode"
+	order := fmt.Sprintf("roll out the cache first; once its Pod is Ready on this node (node-cache -verify passes), set kubelet's clusterDNS to %s, restart kubelet, then restart the workloads so that their resolv.conf names it",
+		cfg.Addresses[0])
+	data, err := os.ReadFile(cfg.KubeletConfig)
+	if err != nil {
+		return Finding{check, SeverityWarning, fmt.Sprintf("IPVS; could not read kubelet's configuration: %v", err), order}
+	}
+	var kc kubeletConfiguration
+	if err := yaml.Unmarshal(data, &kc); err != nil {
+		return Finding{check, SeverityWarning, fmt.Sprintf("IPVS; could not parse kubelet's configuration %s: %v", cfg.KubeletConfig, err), order}
+	}
+	var clusterIPs []string
+	for _, s := range kc.ClusterDNS {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
 			continue
 		}
-		if !in {
-			continue
+		if slices.Contains(cfg.Addresses, a.Unmap()) {
+			return Finding{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("IPVS; kubelet's clusterDNS is %v", kc.ClusterDNS)}
 		}
-		if item, ok := strings.CutPrefix(trimmed, "- "); ok {
-			out = append(out, strings.Trim(strings.TrimSpace(item), `"'`))
-			continue
-		}
-		if trimmed != "" && !strings.HasPrefix(trimmed, "#") {
-			break
+		if slices.Contains(ipvsAddrs, a.Unmap()) {
+			clusterIPs = append(clusterIPs, s)
 		}
 	}
-	return out
+	if len(clusterIPs) > 0 {
+		return Finding{check, SeverityWarning, fmt.Sprintf("IPVS: kubelet's clusterDNS is %v, the kube-dns ClusterIP on %s: right until the cache serves this node, after which Pods must be pointed at %s",
+			kc.ClusterDNS, IPVSInterface, cfg.Addresses[0]), order}
+	}
+	return Finding{check, SeverityWarning, fmt.Sprintf("IPVS: kubelet's clusterDNS is %v, neither one of the cache's addresses nor a ClusterIP on %s: Pods would bypass the cache",
+		kc.ClusterDNS, IPVSInterface), order}
 }
 
 func checkAddressesInUse(cfg PreflightConfig, st nodeState) []Finding {

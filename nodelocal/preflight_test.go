@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
@@ -108,13 +110,28 @@ func TestPreflightKubeProxyModes(t *testing.T) {
 		expectFinding(t, fs, "kube-proxy mode", SeverityError, "IPVS: kube-ipvs0 holds [10.96.0.10]")
 		expectFinding(t, fs, "local addresses", SeverityOK, "on no other link")
 
-		// IPVS with the link-local address only: kubelet's clusterDNS decides.
+		// IPVS with the link-local address only: kubelet's clusterDNS decides, and before the rollout it
+		// rightly names the kube-dns ClusterIP: guidance in the safe order, not an error.
 		cfg.Addresses = []netip.Addr{addrA}
 		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not read kubelet's configuration")
 		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS:\n- 10.96.0.10\nclusterDomain: cluster.local\n")
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityError, "clusterDNS is [10.96.0.10]")
+		fs = Preflight(ctx, cfg)
+		expectFinding(t, fs, "kube-proxy mode", SeverityWarning, "clusterDNS is [10.96.0.10], the kube-dns ClusterIP on kube-ipvs0")
+		if HasErrors(fs) {
+			t.Errorf("errors on an IPVS node before the rollout: %v", fs)
+		}
+		for _, f := range fs {
+			cache, kubelet := strings.Index(f.Fix, "roll out the cache first"), strings.Index(f.Fix, "set kubelet's clusterDNS to 169.254.20.10")
+			if f.Check == "kube-proxy mode" && (cache < 0 || kubelet < cache) {
+				t.Errorf("fix %q does not say cache first, then kubelet", f.Fix)
+			}
+		}
+		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS:\n- 192.0.2.10\n")
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "neither one of the cache's addresses nor a ClusterIP")
 		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS: [\"169.254.20.10\"]\n")
 		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityOK, "IPVS; kubelet's clusterDNS is [169.254.20.10]")
+		write(t, cfg.KubeletConfig, "clusterDNS: [169.254.20.10\n")
+		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not parse kubelet's configuration")
 	})
 }
 
@@ -185,15 +202,24 @@ func TestPreflightFiles(t *testing.T) {
 	})
 }
 
-func TestYAMLList(t *testing.T) {
+// TestKubeletConfigurationClusterDNS reads clusterDNS in the forms kubelet's files take: block and flow
+// lists, quoted, commented, indented, and JSON.
+func TestKubeletConfigurationClusterDNS(t *testing.T) {
 	for in, want := range map[string][]string{
-		"clusterDNS:\n- 10.96.0.10\n- \"fd00::a\"\nclusterDomain: x\n": {"10.96.0.10", "fd00::a"},
-		"a: 1\nclusterDNS: [169.254.20.10, '10.96.0.10']\n":            {"169.254.20.10", "10.96.0.10"},
-		"clusterDNS:\n  # a comment\n  - 169.254.20.10\n":              {"169.254.20.10"},
-		"clusterDomain: cluster.local\n":                               nil,
+		"clusterDNS:\n- 10.96.0.10\n- \"fd00::a\"\nclusterDomain: x\n":   {"10.96.0.10", "fd00::a"},
+		"a: 1\nclusterDNS: [169.254.20.10, '10.96.0.10']\n":              {"169.254.20.10", "10.96.0.10"},
+		"clusterDNS:\n  # a comment\n  - 169.254.20.10\n":                {"169.254.20.10"},
+		"clusterDomain: cluster.local\n":                                 nil,
+		`{"kind": "KubeletConfiguration", "clusterDNS": ["10.96.0.10"]}`: {"10.96.0.10"},
+		"authentication:\n  x509:\n    clusterDNS: [192.0.2.1]\n":        nil, // not the top-level key
 	} {
-		if got := yamlList([]byte(in), "clusterDNS"); !slices.Equal(got, want) {
-			t.Errorf("%q: %q, want %q", in, got, want)
+		var kc kubeletConfiguration
+		if err := yaml.Unmarshal([]byte(in), &kc); err != nil {
+			t.Errorf("%q: %v", in, err)
+			continue
+		}
+		if !slices.Equal(kc.ClusterDNS, want) {
+			t.Errorf("%q: %q, want %q", in, kc.ClusterDNS, want)
 		}
 	}
 }

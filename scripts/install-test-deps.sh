@@ -3,6 +3,22 @@
 # The privileged tests fail (they do not skip) under `make test` when a tool is absent, so this runs first.
 set -euo pipefail
 
+# helm, pinned, for the chart's tests (examples/kubernetes): `go install`ed into the repository's bin/tools,
+# where the tests look for it. Rebuilt only when the binary there is not this version.
+HELM_VERSION=v3.22.0
+GO=${GO:-go}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+helm_bin="$repo/bin/tools/helm"
+if ! command -v "$GO" >/dev/null 2>&1; then
+	echo "install-test-deps: $GO is not on PATH (under sudo, run: sudo env PATH=\"\$PATH\" make test)" >&2
+	exit 1
+fi
+if ! "$GO" version -m "$helm_bin" 2>/dev/null | grep -qP "^\tmod\thelm\.sh/helm/v3\t${HELM_VERSION}\t"; then
+	echo "install-test-deps: building helm $HELM_VERSION into $helm_bin with go install (the first build downloads its modules, a few minutes)"
+	GOBIN="$repo/bin/tools" "$GO" install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+	echo "install-test-deps: $("$helm_bin" version --short) installed"
+fi
+
 # etcd and kube-apiserver for the Kubernetes API tests, built from the Go module proxy once and cached.
 "$(dirname "$0")/build-kube-apiserver.sh"
 

@@ -1,6 +1,7 @@
 // Package kubernetes holds ready-to-apply NodeLocal DNSCache manifests (iptables mode, IPVS mode,
-// dual-stack), the typed configuration each one implements, and a strict loader that reads them into
-// Kubernetes API types. README.md is the operator's guide.
+// dual-stack), rendered from the Helm chart in charts/node-local-dns, the typed configuration each one
+// implements, and a strict loader that reads them into Kubernetes API types. README.md is the operator's
+// guide.
 package kubernetes
 
 import (
@@ -23,10 +24,15 @@ import (
 var files embed.FS
 
 // Manifest is one manifest file and the node-cache configuration it implements: its ConfigMap holds
-// corefile.Template(Config), and its DaemonSet's arguments give corefile.Render(Config).
+// corefile.Template(Config), and its DaemonSet's arguments give corefile.Render(Config). The file is Header
+// followed by `helm template` of the chart with Values; the tests check that it still is.
 type Manifest struct {
 	File   string
 	Config corefile.Config
+	// Values is the chart's values file the manifest is rendered with, relative to the chart.
+	Values string
+	// Header is the comment the file starts with.
+	Header string
 }
 
 func addrs(ss ...string) []netip.Addr {
@@ -44,20 +50,47 @@ var handover = corefile.Notrack{Handover: true}
 
 // Manifests lists the manifests in this directory.
 var Manifests = []Manifest{
-	{File: "nodelocaldns-iptables.yaml", Config: corefile.Config{
+	{File: "nodelocaldns-iptables.yaml", Values: "ci/iptables-values.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
 		Notrack: handover,
-	}},
-	{File: "nodelocaldns-ipvs.yaml", Config: corefile.Config{
+	}, Header: `# NodeLocal DNSCache: kube-proxy in iptables mode.
+#
+# The cache answers on the link-local 169.254.20.10 and on the kube-dns ClusterIP 10.96.0.10, which it puts
+# on its own interface with NOTRACK rules, so Pods keep their resolv.conf and need no kubelet change. Cluster
+# names go to the cluster DNS over TCP through kube-dns-upstream; other names to the node's resolvers.
+`},
+	{File: "nodelocaldns-ipvs.yaml", Values: "ci/ipvs-values.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPVS, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
 		Notrack: handover,
-	}},
-	{File: "nodelocaldns-dualstack.yaml", Config: corefile.Config{
+	}, Header: `# NodeLocal DNSCache: kube-proxy in IPVS mode.
+#
+# IPVS already owns the kube-dns ClusterIP (it sits on kube-ipvs0), so the cache answers on the link-local
+# 169.254.20.10 only, and once the cache is Ready on a node the kubelet's clusterDNS must point there
+# (README.md). Cluster names go to the cluster DNS over TCP through kube-dns-upstream; other names to the
+# node's resolvers.
+`},
+	{File: "nodelocaldns-dualstack.yaml", Values: "ci/dualstack-values.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10", "fd00:169:254::10"),
 		ClusterDNSIPs: addrs("10.96.0.10", "fd00:10:96::a"),
 		Notrack:       handover,
-	}},
+	}, Header: `# NodeLocal DNSCache: dual-stack cluster, kube-proxy in iptables mode.
+#
+# The cache answers on a link-local address of each family (169.254.20.10, fd00:169:254::10) and on both
+# kube-dns ClusterIPs (10.96.0.10, fd00:10:96::a), so Pods of either family keep their resolv.conf.
+`},
 }
+
+// generatedNote ends every manifest's header.
+const generatedNote = `#
+# Generated from charts/node-local-dns (helm template node-local-dns charts/node-local-dns --namespace
+# kube-system -f charts/node-local-dns/%s); edit the chart, not this file, and regenerate with
+# go test ./examples/kubernetes -run TestManifestsAreTheChart -update. It carries kubeadm's defaults
+# (cluster domain cluster.local, kube-dns ClusterIP 10.96.0.10) and the image
+# ghcr.io/nodelocaldns/node-cache; README.md says how to change them.
+`
+
+// FullHeader is the comment the manifest file starts with: Header and where the file comes from.
+func (m Manifest) FullHeader() string { return m.Header + fmt.Sprintf(generatedNote, m.Values) }
 
 // Objects are the API objects of a manifest, decoded strictly.
 type Objects struct {
@@ -67,6 +100,52 @@ type Objects struct {
 	Services        []*corev1.Service
 	ConfigMaps      []*corev1.ConfigMap
 	DaemonSets      []*appsv1.DaemonSet
+	ServiceMonitors []*ServiceMonitor
+	PrometheusRules []*PrometheusRule
+}
+
+// MonitoringAPIVersion is prometheus-operator's API, which ServiceMonitor and PrometheusRule belong to.
+const MonitoringAPIVersion = "monitoring.coreos.com/v1"
+
+// ServiceMonitor is the part of prometheus-operator's ServiceMonitor the chart writes; strict decoding
+// into it refuses any field the chart should not be writing.
+type ServiceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector          metav1.LabelSelector `json:"selector"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Endpoints []struct {
+			Port     string `json:"port"`
+			Interval string `json:"interval"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// PrometheusRule is the part of prometheus-operator's PrometheusRule the chart writes.
+type PrometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []RuleGroup `json:"groups"`
+	} `json:"spec"`
+}
+
+// RuleGroup is a group of Prometheus alerting rules.
+type RuleGroup struct {
+	Name  string `json:"name"`
+	Rules []Rule `json:"rules"`
+}
+
+// Rule is a Prometheus alerting rule.
+type Rule struct {
+	Alert       string            `json:"alert"`
+	Expr        string            `json:"expr"`
+	For         string            `json:"for,omitempty"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
 }
 
 // Load reads one of the embedded manifests.
@@ -118,6 +197,12 @@ func Decode(data []byte) (*Objects, error) {
 		case "DaemonSet":
 			o := &appsv1.DaemonSet{}
 			objs.DaemonSets, obj, want = append(objs.DaemonSets, o), o, appsv1.SchemeGroupVersion.String()
+		case "ServiceMonitor":
+			o := &ServiceMonitor{}
+			objs.ServiceMonitors, obj, want = append(objs.ServiceMonitors, o), o, MonitoringAPIVersion
+		case "PrometheusRule":
+			o := &PrometheusRule{}
+			objs.PrometheusRules, obj, want = append(objs.PrometheusRules, o), o, MonitoringAPIVersion
 		default:
 			return nil, fmt.Errorf("document %d: unexpected kind %q", i+1, tm.Kind)
 		}

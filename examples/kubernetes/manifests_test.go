@@ -133,8 +133,8 @@ func TestManifests(t *testing.T) {
 
 			// Memory: the request covers the measured idle size; a limit, if ever set, must hold full caches.
 			req := c.Resources.Requests[corev1.ResourceMemory]
-			if req.Cmp(resource.MustParse("28Mi")) <= 0 {
-				t.Errorf("memory request %s is below the measured size at start (28 MiB)", req.String())
+			if req.Cmp(resource.MustParse("37Mi")) <= 0 {
+				t.Errorf("memory request %s is below the measured size at start (37 MiB)", req.String())
 			}
 			if limit, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
 				rendered, err := corefile.Render(cfg)
@@ -147,10 +147,11 @@ func TestManifests(t *testing.T) {
 				}
 			}
 
-			// Metrics: a headless Service on the metrics port the container exposes.
+			// Metrics: a headless Service on the metrics ports the cache and the guard expose, so that both
+			// are scraped: the guard's state is what says a node failed open.
 			ms := objs.Service("node-local-dns")
 			if ms == nil || ms.Spec.ClusterIP != corev1.ClusterIPNone || ms.Spec.Selector["k8s-app"] != "node-local-dns" ||
-				len(ms.Spec.Ports) != 1 || ms.Spec.Ports[0].Port != corefile.DefaultMetricsPort {
+				len(ms.Spec.Ports) != 2 || ms.Spec.Ports[0].Port != corefile.DefaultMetricsPort || ms.Spec.Ports[1].Port != 9254 {
 				t.Errorf("metrics Service %+v", ms)
 			}
 			if tp := ms.Spec.Ports[0].TargetPort; tp.IntValue() != corefile.DefaultMetricsPort {
@@ -170,6 +171,13 @@ func TestManifests(t *testing.T) {
 			}
 			if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 15 {
 				t.Errorf("terminationGracePeriodSeconds %v: the drain and CoreDNS's own shutdown need up to 15 s", g)
+			}
+			guard := pod.InitContainers[0]
+			if !strings.HasSuffix(argValue(guard.Args, "-metrics-listen-address"), ":9254") || ms.Spec.Ports[1].TargetPort.IntValue() != 9254 {
+				t.Errorf("the guard does not serve its metrics on the Service's port 9254: %v", guard.Args)
+			}
+			if !slices.Contains(guard.Args, "-guard.wait") {
+				t.Errorf("the guard does not wait for the old Pod's: %v", guard.Args)
 			}
 			if !strings.HasSuffix(argValue(c.Args, "-prometheus-listen-address"), ":9253") {
 				t.Errorf("-prometheus-listen-address %q", argValue(c.Args, "-prometheus-listen-address"))
@@ -257,7 +265,7 @@ func TestDecodeIsStrict(t *testing.T) {
 		"unexpected kind":     {"kind: ServiceAccount", "kind: ClusterRole", `unexpected kind "ClusterRole"`},
 		"wrong type":          {"            port: 8181\n", "            port: [8181]\n", "document"},
 		"misplaced field":     {"      priorityClassName: system-node-critical\n", "      priorityClassName: system-node-critical\n      replicas: 3\n", "unknown field"},
-		"probe host as array": {"            host: 169.254.20.10\n", "            host: [169.254.20.10]\n", "document"},
+		"probe host as array": {"            host: \"169.254.20.10\"\n", "            host: [\"169.254.20.10\"]\n", "document"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if !strings.Contains(string(data), tt.from) {

@@ -10,15 +10,40 @@ import (
 	"github.com/nodelocaldns/nodelocaldns"
 )
 
-// nodeCachePlugins is what a node cache needs, listed apart from main.go's imports so that dropping or
-// adding a plugin there is a decision this test makes visible.
+// upstreamNodeCachePlugins are the plugins upstream's k8s-dns-node-cache image compiles in (the blank
+// imports of cmd/node-cache/main.go in kubernetes/dns), by directive name: metrics registers "prometheus". A
+// node-local-dns ConfigMap may use any of them, so the drop-in must have them all.
+var upstreamNodeCachePlugins = []string{
+	"bind", "bufsize", "cache", "debug", "dns64", "errors", "forward", "health", "hosts", "loadbalance", "log",
+	"loop", "prometheus", "pprof", "reload", "rewrite", "template", "timeouts", "trace", "whoami",
+}
+
+// nodeCachePlugins is what this node cache compiles in, listed apart from main.go's imports so that dropping
+// or adding a plugin there is a decision this test makes visible.
 var nodeCachePlugins = []string{
-	"bind", "bufsize", "cache", "debug", "errors", "file", "forward", "health", "hosts", "loadbalance", "log",
-	"loop", "prometheus", "ready", "reload", "rewrite", "template", "timeouts", "whoami",
+	"bind", "bufsize", "cache", "debug", "dns64", "errors", "file", "forward", "health", "hosts", "loadbalance",
+	"log", "loop", "pprof", "prometheus", "ready", "reload", "rewrite", "template", "timeouts", "trace", "whoami",
 	"clamp", "notrack", "upstreamsvc", "wirecache",
 	// Registered because the plugins above import them: forward imports dnstap, file imports transfer,
 	// and cache, forward, log, rewrite and template all import metadata.
 	"dnstap", "metadata", "transfer",
+}
+
+// TestUpstreamImagePluginsCompiledIn is the drop-in promise for ConfigMaps: every directive upstream's image
+// accepts is registered here, so a node-local-dns ConfigMap written for it does not stop node-cache with
+// "directive ... is not compiled into this CoreDNS".
+func TestUpstreamImagePluginsCompiledIn(t *testing.T) {
+	registered := registeredDNSPlugins()
+	directives, err := compiledDirectives()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range upstreamNodeCachePlugins {
+		if !registered[name] || !slices.Contains(directives, name) {
+			t.Errorf("%s, compiled into upstream's node-cache image, is not compiled in here (registered %v, ordered %v)",
+				name, registered[name], slices.Contains(directives, name))
+		}
+	}
 }
 
 func TestCompiledDirectivesFollowPluginCfg(t *testing.T) {

@@ -63,8 +63,8 @@ func runPreflight(w io.Writer, nc *nodeCacheFlags, g *guardFlags, p *preflightFl
 	return nil
 }
 
-// runSideMode runs the -guard, -preflight or -cleanup mode when one is asked for and exits with its status. Without
-// either it returns, and the binary goes on as the cache.
+// runSideMode runs the -guard, -preflight, -verify or -cleanup mode when one is asked for and exits with its
+// status. Without one it returns, and the binary goes on as the cache.
 func runSideMode() {
 	if ran, code := sideMode(); ran {
 		os.Exit(code)
@@ -73,15 +73,9 @@ func runSideMode() {
 
 func sideMode() (bool, int) {
 	flag.Parse()
-	modes := 0
-	for _, on := range []bool{guardOpts.enabled, preflightOpts.enabled, cleanupOpts.enabled} {
-		if on {
-			modes++
-		}
-	}
 	switch {
-	case modes > 1:
-		log.Errorf("-guard, -preflight and -cleanup exclude each other")
+	case btoi(guardOpts.enabled)+btoi(preflightOpts.enabled)+btoi(verifyOpts.enabled)+btoi(cleanupOpts.enabled) > 1:
+		log.Errorf("-guard, -preflight, -verify and -cleanup exclude each other")
 		return true, 2
 	case cleanupOpts.enabled:
 		if err := runCleanup(os.Stdout, nodeCache, guardOpts, cleanupOpts); err != nil {
@@ -101,6 +95,21 @@ func sideMode() (bool, int) {
 			return true, 1
 		}
 		return true, 0
+	case verifyOpts.enabled:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := runVerify(ctx, os.Stdout, flag.CommandLine, nodeCache, guardOpts, verifyOpts); err != nil {
+			log.Errorf("-verify: %v", err)
+			return true, 1
+		}
+		return true, 0
 	}
 	return false, 0
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

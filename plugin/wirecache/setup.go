@@ -38,6 +38,7 @@ func setup(c *caddy.Controller) error {
 			return plugin.Error(pluginName, fmt.Errorf("server block %q: %w", block, err))
 		}
 		wc.floorer = floorer
+		wc.metricsZones = blockMetricsZones(cfg, dnsserver.Directives)
 		return nil
 	})
 
@@ -51,8 +52,9 @@ func setup(c *caddy.Controller) error {
 
 // everyQueryPlugins are the plugins that must see every query of their block, either to do their job
 // (log, dnstap) or because the answer depends on the client or on the query's arrival (acl, tsig, whoami,
-// loadbalance, autopath, firewall, erratic). A hit would hide the query from them.
-var everyQueryPlugins = []string{"log", "dnstap", "acl", "tsig", "whoami", "loadbalance", "autopath", "firewall", "erratic"}
+// loadbalance, autopath, firewall, erratic, and dns64, which synthesizes AAAA records for IPv6 clients
+// only unless allow_ipv4 is set). A hit would hide the query from them.
+var everyQueryPlugins = []string{"log", "dnstap", "acl", "tsig", "whoami", "loadbalance", "autopath", "firewall", "erratic", "dns64"}
 
 // stepAsideReasons says why wirecache must not answer queries in the server block of cfg; none means it may.
 func stepAsideReasons(cfg *dnsserver.Config) []string {

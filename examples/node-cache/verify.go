@@ -1,0 +1,544 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// verifyFlags are the flags of the -verify mode. It shares -localip, -interfacename, -health-port,
+// -kubednscm and CoreDNS's -dns.port with the drop-in mode, and -guard.backend with the guard, so that it
+// runs with the cache's own arguments.
+type verifyFlags struct {
+	enabled   bool
+	domain    string
+	name      string
+	external  string
+	readyPort string
+	timeout   time.Duration
+}
+
+func registerVerifyFlags(fs *flag.FlagSet) *verifyFlags {
+	v := &verifyFlags{}
+	fs.BoolVar(&v.enabled, "verify", false, "check a node after the rollout (link and addresses, rules and their position, answers on every -localip address, lookups untracked by conntrack, readiness), print a table and exit non-zero on any failure")
+	fs.StringVar(&v.domain, "verify.domain", corefile.DefaultClusterDomain, "the cluster domain")
+	fs.StringVar(&v.name, "verify.name", "", "a cluster name that must resolve; default kubernetes.default.svc.<domain>; its address is also looked up in reverse")
+	fs.StringVar(&v.external, "verify.external", "kubernetes.io", "a name outside the cluster that must resolve")
+	fs.StringVar(&v.readyPort, "verify.readyport", strconv.Itoa(corefile.DefaultReadyPort), "port of the ready plugin on the first -localip address")
+	fs.DurationVar(&v.timeout, "verify.timeout", 2*time.Second, "timeout of each lookup and HTTP check")
+	return v
+}
+
+var verifyOpts = registerVerifyFlags(flag.CommandLine)
+
+// errVerifyFailed is returned when a check failed; the table says which.
+var errVerifyFailed = errors.New("verification failed")
+
+// verifyResult is one row of the -verify table.
+type verifyResult struct {
+	check, target string
+	ok            bool
+	detail        string
+}
+
+// verifier holds what -verify checks and collects the results.
+type verifier struct {
+	listen     []netip.Addr
+	iface      string
+	backend    rules.Mode
+	dnsPort    uint16
+	healthPort uint16
+	readyPort  uint16
+	domain     string
+	name       string
+	external   string
+	stubs      []string
+	timeout    time.Duration
+
+	results []verifyResult
+	// lookups are the local address and source port of every UDP query sent, for the conntrack check.
+	lookups []netip.AddrPort
+}
+
+func (v *verifier) add(check, target string, ok bool, format string, args ...any) {
+	v.results = append(v.results, verifyResult{check, target, ok, fmt.Sprintf(format, args...)})
+}
+
+// runVerify is the -verify mode: it runs every check and prints the table to w.
+func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verifyFlags) error {
+	v, err := newVerifier(fs, nc, g, vf)
+	if err != nil {
+		return err
+	}
+	v.checkLink()
+	v.checkRules(ctx)
+	v.checkAnswers(ctx)
+	v.checkConntrack()
+	v.checkHTTP(ctx, "ready", v.readyPort, "/ready")
+	v.checkHTTP(ctx, "health", v.healthPort, "/health")
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tTARGET\tRESULT\tDETAIL")
+	failed := 0
+	for _, r := range v.results {
+		result := "ok"
+		if !r.ok {
+			result = "FAIL"
+			failed++
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.check, r.target, result, r.detail)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if failed > 0 {
+		fmt.Fprintf(w, "%d of %d checks failed\n", failed, len(v.results))
+		return errVerifyFailed
+	}
+	fmt.Fprintf(w, "all %d checks passed\n", len(v.results))
+	return nil
+}
+
+func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verifyFlags) (*verifier, error) {
+	v := &verifier{iface: nc.interfaceName, domain: strings.TrimSuffix(vf.domain, "."), external: vf.external, timeout: vf.timeout}
+	var errs []error
+	var err error
+	if nc.localIP == "" {
+		errs = append(errs, errors.New("-verify needs -localip: the cache's addresses, as its container has them"))
+	} else if v.listen, err = parseIPList(nc.localIP); err != nil {
+		errs = append(errs, fmt.Errorf("-localip: %w", err))
+	}
+	if v.backend, err = rules.ParseMode(g.backend); err != nil {
+		errs = append(errs, fmt.Errorf("-guard.backend: %w", err))
+	}
+	if v.dnsPort, err = parsePort(lookupFlag(fs, "dns.port", "53")); err != nil {
+		errs = append(errs, fmt.Errorf("-dns.port: %w", err))
+	}
+	if v.healthPort, err = parsePort(nc.healthPort); err != nil {
+		errs = append(errs, fmt.Errorf("-health-port: %w", err))
+	}
+	if v.readyPort, err = parsePort(vf.readyPort); err != nil {
+		errs = append(errs, fmt.Errorf("-verify.readyport: %w", err))
+	}
+	if vf.timeout <= 0 {
+		errs = append(errs, errors.New("-verify.timeout must be positive"))
+	}
+	v.name = vf.name
+	if v.name == "" {
+		v.name = "kubernetes.default.svc." + v.domain
+	}
+	// The stub domains of the kube-dns ConfigMap the cache merges, where it would find it.
+	dir := nc.kubeDNSCM
+	if dir == "" {
+		if st, err := os.Stat(defaultKubeDNSCM); err == nil && st.IsDir() {
+			dir = defaultKubeDNSCM
+		}
+	}
+	if dir != "" {
+		kd, err := corefile.ReadKubeDNSDir(dir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-kubednscm: %w", err))
+		}
+		for d := range kd.StubDomains {
+			v.stubs = append(v.stubs, d)
+		}
+		sort.Strings(v.stubs)
+	}
+	return v, errors.Join(errs...)
+}
+
+// checkLink checks that the node-local link is there, up, and holds every address.
+func (v *verifier) checkLink() {
+	l, err := netlink.LinkByName(v.iface)
+	if err != nil {
+		v.add("link", v.iface, false, "no such link: %v", err)
+		return
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		v.add("link", v.iface, false, "down")
+	} else {
+		v.add("link", v.iface, true, "%s, up", l.Type())
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		v.add("addresses", v.iface, false, "listing them: %v", err)
+		return
+	}
+	var have []netip.Addr
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			have = append(have, ip.Unmap())
+		}
+	}
+	for _, ip := range v.listen {
+		if slices.Contains(have, ip) {
+			v.add("address", ip.String(), true, "on %s", v.iface)
+		} else {
+			v.add("address", ip.String(), false, "not on %s (it holds %v)", v.iface, have)
+		}
+	}
+}
+
+// checkRules checks, in the backend the cache uses, that our raw and filter chains hold the rules for every
+// address and DNS port and that each hook jumps to them first; that the guard has not failed the node open;
+// and that the other backend holds no chain of ours.
+func (v *verifier) checkRules(ctx context.Context) {
+	b, err := rules.Select(ctx, v.backend)
+	if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
+		v.add("rules", "backend", false, "%v", none)
+		b = none.Backend
+	} else if err != nil {
+		v.add("rules", "backend", false, "choosing the backend: %v", err)
+		return
+	}
+	if b.Mode == rules.NFTables {
+		v.checkNFTables(ctx, b)
+	} else {
+		v.checkIPTables(ctx, b)
+	}
+	v.checkOtherBackends(ctx, b.Mode)
+}
+
+// checkIPTables checks, in the iptables backend b, that our raw and filter chains hold the rules for every
+// address and DNS port and that each hook jumps to them first, and that the guard has not failed the node
+// open.
+func (v *verifier) checkIPTables(ctx context.Context, b *rules.Backend) {
+	m := rules.NewManager(b, rules.ManagerOptions{})
+	eps := rules.Endpoints(v.listen, v.dnsPort, nil)
+	backend := "iptables-" + string(b.Mode)
+	for _, fam := range rules.Families {
+		want := rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: eps})
+		if len(want.Chains[0].Rules) == 0 {
+			continue // no address of this family
+		}
+		for _, c := range want.Chains {
+			target := fmt.Sprintf("%s %s %s/%s", backend, fam, c.Table, c.Name)
+			st, err := m.Inspect(ctx, fam, c.Table)
+			if err != nil {
+				v.add("rules", target, false, "reading the table: %v", err)
+				continue
+			}
+			have, ok := st.Chains[c.Name]
+			if !ok {
+				v.add("rules", target, false, "no chain %s", c.Name)
+				continue
+			}
+			var missing int
+			for _, r := range c.Rules {
+				if !slices.ContainsFunc(have, func(h rules.Rule) bool { return slices.Equal(h, r) }) {
+					missing++
+				}
+			}
+			var notFirst []string
+			for _, hook := range c.Hooks {
+				if hr := st.Chains[hook]; len(hr) == 0 || jumpTarget(hr[0]) != c.Name {
+					notFirst = append(notFirst, hook)
+				}
+			}
+			switch {
+			case missing > 0:
+				v.add("rules", target, false, "%d of the %d rules for %v are missing", missing, len(c.Rules), v.listen)
+			case len(notFirst) > 0:
+				v.add("rules", target, false, "the jump to %s is not the first rule of %s", c.Name, strings.Join(notFirst, ", "))
+			default:
+				v.add("rules", target, true, "%d rules, jumped to first from %s (%s)", len(have), strings.Join(c.Hooks, ", "), b.Reason)
+			}
+		}
+		nat, err := m.Inspect(ctx, fam, rules.NAT)
+		if err != nil {
+			v.add("fail-open", backend+" "+fam.String(), false, "reading the nat table: %v", err)
+		} else if nat.ChainExists(rules.GuardChain) {
+			v.add("fail-open", backend+" "+fam.String(), false, "chain %s exists: the guard failed the node open and the cache has not taken it back", rules.GuardChain)
+		} else {
+			v.add("fail-open", backend+" "+fam.String(), true, "no %s chain", rules.GuardChain)
+		}
+	}
+}
+
+// checkNFTables checks that the cache's table inet nodelocaldns is hooked at prerouting and output and that
+// its rules, found by the comments the rules package writes on them ("to ADDR udp/53", "from ADDR udp/53"),
+// cover every address and DNS port; and that the guard's table, which exists while the node is failed open,
+// does not. It reads over netlink and changes nothing.
+func (v *verifier) checkNFTables(ctx context.Context, b *rules.Backend) {
+	target := "nftables inet " + rules.NFTablesTable
+	c, err := nftables.New()
+	if err != nil {
+		v.add("rules", target, false, "opening netlink: %v", err)
+		return
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		v.add("rules", target, false, "listing the inet chains: %v", err)
+		return
+	}
+	hooked := map[nftables.ChainHook]bool{}
+	comments := map[string]bool{}
+	found := false
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != rules.NFTablesTable {
+			continue
+		}
+		found = true
+		if ch.Hooknum != nil {
+			hooked[*ch.Hooknum] = true
+			continue
+		}
+		rs, err := c.GetRules(ch.Table, ch)
+		if err != nil {
+			v.add("rules", target, false, "reading chain %s: %v", ch.Name, err)
+			return
+		}
+		for _, r := range rs {
+			if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+				comments[comment[strings.LastIndex(comment, ": ")+2:]] = true
+			}
+		}
+	}
+	var missing []string
+	for _, e := range rules.Endpoints(v.listen, v.dnsPort, nil) {
+		for _, dir := range []string{"to", "from"} {
+			if want := fmt.Sprintf("%s %s %s/%d", dir, e.Addr, e.Protocol, e.Port); !comments[want] {
+				missing = append(missing, want)
+			}
+		}
+	}
+	switch {
+	case !found:
+		v.add("rules", target, false, "no table inet %s", rules.NFTablesTable)
+	case !hooked[*nftables.ChainHookPrerouting] || !hooked[*nftables.ChainHookOutput]:
+		v.add("rules", target, false, "base chains: prerouting %v, output %v; the NOTRACK rules miss the traffic of a missing hook",
+			hooked[*nftables.ChainHookPrerouting], hooked[*nftables.ChainHookOutput])
+	case len(missing) > 0:
+		v.add("rules", target, false, "no NOTRACK rule %s", strings.Join(missing, ", "))
+	default:
+		v.add("rules", target, true, "%d NOTRACK rules, hooked at prerouting and output (%s)", len(comments), b.Reason)
+	}
+	if ok, err := rules.NewNFTablesManager().TableExists(ctx, rules.NFTablesGuardTable); err != nil {
+		v.add("fail-open", "nftables", false, "%v", err)
+	} else if ok {
+		v.add("fail-open", "nftables", false, "table inet %s exists: the guard failed the node open and the cache has not taken it back", rules.NFTablesGuardTable)
+	} else {
+		v.add("fail-open", "nftables", true, "no table inet %s", rules.NFTablesGuardTable)
+	}
+}
+
+// checkOtherBackends fails when a backend the cache does not use holds rules of ours: an earlier cache chose
+// another backend, and its rules order with nothing of kube-proxy's.
+func (v *verifier) checkOtherBackends(ctx context.Context, used rules.Mode) {
+	for _, other := range []rules.Mode{rules.Legacy, rules.NFT} {
+		if other == used {
+			continue
+		}
+		ob, err := rules.NewBackend(other, "another backend")
+		if err != nil {
+			continue
+		}
+		om := rules.NewManager(ob, rules.ManagerOptions{})
+		for _, fam := range rules.Families {
+			st, err := om.Inspect(ctx, fam, rules.Raw)
+			if err != nil {
+				continue // that backend's tools or tables are absent: nothing of ours can be there
+			}
+			if st.ChainExists(rules.DefaultChain) {
+				v.add("rules", fmt.Sprintf("iptables-%s %s raw", other, fam), false,
+					"chain %s is in a backend the cache does not use (it uses %s): delete it there", rules.DefaultChain, used)
+			}
+		}
+	}
+	if used != rules.NFTables {
+		if ok, err := rules.NewNFTablesManager().TableExists(ctx, rules.NFTablesTable); err == nil && ok {
+			v.add("rules", "nftables inet "+rules.NFTablesTable, false,
+				"the table is there, but the cache uses iptables-%s: delete it (nft delete table inet %s)", used, rules.NFTablesTable)
+		}
+	}
+}
+
+// checkAnswers asks every local address for the cluster name (UDP and TCP), its reverse, the external name
+// and each stub domain.
+func (v *verifier) checkAnswers(ctx context.Context) {
+	for _, ip := range v.listen {
+		server := netip.AddrPortFrom(ip, v.dnsPort)
+		var reverse string
+		for _, network := range []string{"udp", "tcp"} {
+			r, err := v.lookup(ctx, network, server, v.name, dns.TypeA)
+			target := fmt.Sprintf("%s %s A/%s", ip, v.name, network)
+			switch {
+			case err != nil:
+				v.add("answer", target, false, "%v", err)
+			case r.Rcode != dns.RcodeSuccess || len(answers(r, dns.TypeA)) == 0:
+				v.add("answer", target, false, "%s with %d answers, want an address", dns.RcodeToString[r.Rcode], len(r.Answer))
+			default:
+				a := answers(r, dns.TypeA)
+				v.add("answer", target, true, "%s", strings.Join(a, ", "))
+				if rev, err := dns.ReverseAddr(a[0]); err == nil {
+					reverse = rev
+				}
+			}
+		}
+		if reverse == "" {
+			v.add("answer", ip.String()+" reverse", false, "no address of %s to look up in reverse", v.name)
+		} else {
+			v.answered(ctx, server, "reverse", reverse, dns.TypePTR)
+		}
+		v.answered(ctx, server, "external", v.external, dns.TypeA)
+		for _, stub := range v.stubs {
+			v.answered(ctx, server, "stub domain", stub, dns.TypeA)
+		}
+	}
+}
+
+// answered checks that name gets an answer from upstream: NOERROR or NXDOMAIN, not SERVFAIL or REFUSED.
+func (v *verifier) answered(ctx context.Context, server netip.AddrPort, what, name string, qtype uint16) {
+	target := fmt.Sprintf("%s %s %s", server.Addr(), dns.Fqdn(name), dns.TypeToString[qtype])
+	r, err := v.lookup(ctx, "udp", server, name, qtype)
+	switch {
+	case err != nil:
+		v.add("answer", target, false, "%s: %v", what, err)
+	case r.Rcode != dns.RcodeSuccess && r.Rcode != dns.RcodeNameError:
+		v.add("answer", target, false, "%s: %s", what, dns.RcodeToString[r.Rcode])
+	default:
+		detail := strings.Join(answers(r, qtype), ", ")
+		if detail == "" {
+			detail = dns.RcodeToString[r.Rcode] + ", no records"
+		}
+		v.add("answer", target, true, "%s: %s", what, detail)
+	}
+}
+
+// lookup sends one query to server, recording the source port of UDP queries for the conntrack check.
+func (v *verifier) lookup(ctx context.Context, network string, server netip.AddrPort, name string, qtype uint16) (*dns.Msg, error) {
+	ctx, cancel := context.WithTimeout(ctx, v.timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, network, server.String())
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), qtype)
+	m.SetEdns0(1232, false)
+	c := &dns.Client{Net: network, Timeout: v.timeout}
+	r, _, err := c.ExchangeWithConnContext(ctx, m, &dns.Conn{Conn: conn})
+	if local, ok := conn.LocalAddr().(*net.UDPAddr); ok && err == nil {
+		// An answered lookup went through the whole path, both ways: it is the one conntrack must not know.
+		v.lookups = append(v.lookups, netip.AddrPortFrom(server.Addr(), uint16(local.Port)))
+	}
+	return r, err
+}
+
+// jumpTarget returns the chain a rule jumps to, or "".
+func jumpTarget(r rules.Rule) string {
+	if i := slices.Index(r, "-j"); i >= 0 && i+1 < len(r) {
+		return r[i+1]
+	}
+	return ""
+}
+
+func answers(r *dns.Msg, qtype uint16) []string {
+	var out []string
+	for _, rr := range r.Answer {
+		if rr.Header().Rrtype != qtype {
+			continue
+		}
+		switch rr := rr.(type) {
+		case *dns.A:
+			out = append(out, rr.A.String())
+		case *dns.AAAA:
+			out = append(out, rr.AAAA.String())
+		case *dns.PTR:
+			out = append(out, rr.Ptr)
+		default:
+			out = append(out, strings.TrimPrefix(rr.String(), rr.Header().String()))
+		}
+	}
+	return out
+}
+
+// checkConntrack looks for conntrack entries of the UDP lookups just made: with the NOTRACK rules in place
+// there are none.
+func (v *verifier) checkConntrack() {
+	tracked := map[netip.Addr][]string{}
+	byAddr := map[netip.Addr]int{}
+	for _, l := range v.lookups {
+		byAddr[l.Addr()]++
+	}
+	listed := map[netlink.InetFamily][]*netlink.ConntrackFlow{}
+	for _, ip := range v.listen {
+		fam := netlink.InetFamily(unix.AF_INET)
+		if ip.Is6() {
+			fam = unix.AF_INET6
+		}
+		flows, ok := listed[fam]
+		if !ok {
+			var err error
+			flows, err = netlink.ConntrackTableList(netlink.ConntrackTable, fam)
+			if err != nil {
+				v.add("conntrack", ip.String(), false, "listing the conntrack table: %v", err)
+				listed[fam] = nil
+				continue
+			}
+			listed[fam] = flows
+		}
+		for _, f := range flows {
+			dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+			if f.Forward.Protocol != unix.IPPROTO_UDP || dst.Unmap() != ip || f.Forward.DstPort != v.dnsPort {
+				continue
+			}
+			if slices.Contains(v.lookups, netip.AddrPortFrom(ip, f.Forward.SrcPort)) {
+				tracked[ip] = append(tracked[ip], strconv.Itoa(int(f.Forward.SrcPort)))
+			}
+		}
+		if byAddr[ip] == 0 {
+			v.add("conntrack", ip.String(), false, "no lookup was answered, so none could be checked")
+		} else if t := tracked[ip]; len(t) > 0 {
+			v.add("conntrack", ip.String(), false, "%d of %d lookups are tracked (source ports %s): the NOTRACK rules do not apply",
+				len(t), byAddr[ip], strings.Join(t, ", "))
+		} else {
+			v.add("conntrack", ip.String(), true, "none of %d lookups tracked", byAddr[ip])
+		}
+	}
+}
+
+// checkHTTP checks that the plugin on the first local address answers path with 200 OK.
+func (v *verifier) checkHTTP(ctx context.Context, what string, port uint16, path string) {
+	url := "http://" + netip.AddrPortFrom(v.listen[0], port).String() + path
+	ctx, cancel := context.WithTimeout(ctx, v.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		v.add(what, url, false, "%v", err)
+		return
+	}
+	// No proxy from the environment: the address is on this node.
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	resp, err := client.Do(req)
+	if err != nil {
+		v.add(what, url, false, "%v", err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	v.add(what, url, resp.StatusCode == http.StatusOK, "%s %s", resp.Status, strings.TrimSpace(string(body)))
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/examples/kubernetes"
+	"github.com/nodelocaldns/nodelocaldns/test/simnode"
+)
+
+// TestVerifyOnSimulatedNode runs node-cache as the iptables manifest's DaemonSet runs it, on a simulated
+// node with kube-proxy in iptables mode and one in nftables mode, then -verify with the same arguments: all
+// checks pass on the healthy node; with the hook of the node's own traffic gone (the raw OUTPUT jump, the
+// output base chain) the rules and conntrack rows fail; with the cache stopped the answers and readiness
+// fail. Each time the exit status says so.
+func TestVerifyOnSimulatedNode(t *testing.T) {
+	for _, mode := range []struct {
+		kubeProxy simnode.KubeProxyMode
+		rules     []string // targets of the rules rows
+		breakHook [][]string
+	}{
+		{simnode.IPTablesMode, []string{"IPv4 raw/NODELOCALDNS", "IPv4 filter/NODELOCALDNS"},
+			[][]string{{"iptables", "-t", "raw", "-D", "OUTPUT", "1"}}},
+		{simnode.NFTablesMode, []string{"nftables inet nodelocaldns"},
+			[][]string{{"nft", "flush", "chain", "inet", "nodelocaldns", "output"}, {"nft", "delete", "chain", "inet", "nodelocaldns", "output"}}},
+	} {
+		t.Run(string(mode.kubeProxy), func(t *testing.T) {
+			testVerify(t, mode.kubeProxy, mode.rules, mode.breakHook)
+		})
+	}
+}
+
+func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, breakHook [][]string) {
+	n := simnode.NewWithMode(t, mode)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	binary, err := simnode.BuildNodeCache(ctx, t.TempDir())
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startClusterDNSWithReverse(t, n, binary)
+	n.StartExternalResolver(binary)
+
+	netnsDir := filepath.Join("/etc/netns", n.NodeNS)
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(netnsDir) })
+	writeFile(t, filepath.Join(netnsDir, "resolv.conf"), []byte("nameserver "+simnode.ExtResolverIP+"\n"))
+
+	objs, err := kubernetes.Load("nodelocaldns-iptables.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	base, conf, kubeDNS := filepath.Join(dir, "Corefile.base"), filepath.Join(dir, "Corefile"), filepath.Join(dir, "kube-dns")
+	writeFile(t, base, []byte(objs.ConfigMap("node-local-dns").Data["Corefile"]))
+	writeKubeDNSDir(t, kubeDNS, corefile.KubeDNS{StubDomains: map[string][]string{"corp.example": {simnode.ExtResolverIP}}})
+	env := append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+simnode.UpstreamClusterIP, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53",
+		"XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
+	localIP := simnode.LinkLocalIP + "," + simnode.KubeDNSClusterIP
+	// A sync interval of an hour keeps the cache's repair loop from undoing the breakage below.
+	cache := n.StartEnv(n.NodeNS, env, binary, "-localip", localIP, "-conf", conf, "-upstreamsvc", "kube-dns-upstream",
+		"-pidfile", filepath.Join(dir, "node-cache.pid"), "-basecorefile", base, "-kubednscm", kubeDNS,
+		"-lockfile", filepath.Join(dir, "nodelocaldns.lock"), "-syncinterval", "1h")
+	t.Cleanup(func() {
+		if !cache.Exited() {
+			_ = cache.Signal(syscall.SIGCONT)
+			_ = cache.Signal(syscall.SIGTERM)
+			_ = cache.Wait(10 * time.Second)
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(cache.Output(), "plugin/notrack: rules in place for") {
+		if cache.Exited() || time.Now().After(deadline) {
+			t.Fatalf("notrack did not report its rules in place:\n%s", cache.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := n.WaitForDNS(n.NodeNS, "udp", net.JoinHostPort(simnode.LinkLocalIP, "53"), "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	verify := func(extra ...string) (string, int) {
+		t.Helper()
+		args := append([]string{"-verify", "-localip", localIP, "-kubednscm", kubeDNS, "-verify.external", "www.example.org"}, extra...)
+		out, err := n.In(context.Background(), n.NodeNS, binary, args...)
+		var exit *exec.ExitError
+		switch {
+		case err == nil:
+			return out, 0
+		case errors.As(err, &exit):
+			return out, exit.ExitCode()
+		}
+		t.Fatalf("running -verify: %v", err)
+		return "", 0
+	}
+
+	out, code := verify()
+	t.Logf("healthy node:\n%s", out)
+	if code != 0 {
+		t.Fatalf("-verify exited %d on a healthy node", code)
+	}
+	for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
+		expectRow(t, out, "address", ip, "ok")
+		expectRow(t, out, "answer", ip+" kubernetes.default.svc.cluster.local A/udp", "ok")
+		expectRow(t, out, "answer", ip+" kubernetes.default.svc.cluster.local A/tcp", "ok")
+		expectRow(t, out, "answer", ip+" 1.0.96.10.in-addr.arpa. PTR", "ok")
+		expectRow(t, out, "answer", ip+" www.example.org. A", "ok")
+		expectRow(t, out, "answer", ip+" corp.example. A", "ok")
+		expectRow(t, out, "conntrack", ip, "ok")
+	}
+	expectRow(t, out, "link", "nodelocaldns", "ok")
+	for _, r := range rulesRows {
+		expectRow(t, out, "rules", r, "ok")
+	}
+	expectRow(t, out, "fail-open", "", "ok")
+	expectRow(t, out, "ready", ":8181/ready", "ok")
+	expectRow(t, out, "health", ":8080/health", "ok")
+
+	// Without the hook of the node's own traffic, its lookups are tracked again.
+	for _, cmd := range breakHook {
+		if _, err := n.In(context.Background(), n.NodeNS, cmd[0], cmd[1:]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, code = verify()
+	t.Logf("output hook deleted:\n%s", out)
+	if code != 1 {
+		t.Errorf("-verify exited %d with the output hook gone, want 1", code)
+	}
+	expectRow(t, out, "rules", rulesRows[0], "FAIL")
+	for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
+		expectRow(t, out, "conntrack", ip, "FAIL")
+		expectRow(t, out, "answer", ip+" kubernetes.default.svc.cluster.local A/udp", "ok")
+	}
+
+	// A stopped cache answers nothing and is not ready.
+	if err := cache.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	out, code = verify("-verify.timeout", "300ms")
+	if err := cache.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cache stopped:\n%s", out)
+	if code != 1 {
+		t.Errorf("-verify exited %d with the cache stopped, want 1", code)
+	}
+	expectRow(t, out, "answer", simnode.LinkLocalIP+" kubernetes.default.svc.cluster.local A/udp", "FAIL")
+	expectRow(t, out, "answer", simnode.LinkLocalIP+" www.example.org. A", "FAIL")
+	expectRow(t, out, "ready", ":8181/ready", "FAIL")
+	expectRow(t, out, "address", simnode.LinkLocalIP, "ok")
+}
+
+// expectRow fails the test unless the -verify table has exactly one row of check whose target contains
+// target, with result.
+func expectRow(t *testing.T, table, check, target, result string) {
+	t.Helper()
+	row := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(check) + `\s+(\S.*?)\s+(ok|FAIL)\s`)
+	var found []string
+	for _, m := range row.FindAllStringSubmatch(table, -1) {
+		if strings.Contains(m[1], target) {
+			found = append(found, m[2])
+		}
+	}
+	if len(found) != 1 || found[0] != result {
+		t.Errorf("rows %q for %q: %v, want one %s", check, target, found, result)
+	}
+}
+
+// startClusterDNSWithReverse runs the cluster-DNS Pod as simnode does, and also answers PTR queries for
+// the Service range, as the kubernetes plugin does.
+func startClusterDNSWithReverse(t *testing.T, n *simnode.Node, binary string) {
+	t.Helper()
+	dir := t.TempDir()
+	zone := filepath.Join(dir, "cluster.local.db")
+	writeFile(t, zone, []byte(simnode.ClusterZone))
+	conf := filepath.Join(dir, "Corefile")
+	writeFile(t, conf, []byte(fmt.Sprintf(`cluster.local:53 {
+    bind %[1]s
+    file %[2]s
+}
+in-addr.arpa:53 {
+    bind %[1]s
+    template IN PTR 96.10.in-addr.arpa {
+        answer "{{ .Name }} 30 IN PTR kubernetes.default.svc.cluster.local."
+    }
+}
+`, simnode.ClusterDNSPodIP, zone)))
+	p := n.Start(n.DNSNS, binary, "-conf", conf)
+	if err := n.WaitForDNS(n.DNSNS, "udp", net.JoinHostPort(simnode.ClusterDNSPodIP, "53"), "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
+		t.Fatalf("cluster DNS: %v\n%s", err, p.Output())
+	}
+}
