@@ -284,10 +284,10 @@ func TestChartRefuses(t *testing.T) {
 		args []string
 		want string
 	}{
-		"unknown kube-proxy mode": {[]string{"--set", "kubeProxyMode=userspace"}, "kubeProxyMode"},
-		"another namespace":       {[]string{"--namespace", "dns"}, "install into kube-system"},
-		"maxSurge":                {[]string{"--set", "updateStrategy.rollingUpdate.maxSurge=1"}, "maxSurge"},
-		"no local address":        {[]string{"--set-string", "localIP="}, "localIP"},
+		"unknown kube-proxy mode":                    {[]string{"--set", "kubeProxyMode=userspace"}, "kubeProxyMode"},
+		"another namespace":                          {[]string{"--namespace", "dns"}, "install into kube-system"},
+		"a short grace period":                       {[]string{"--set", "terminationGracePeriodSeconds=5"}, "terminationGracePeriodSeconds"},
+		"no local address":                           {[]string{"--set-string", "localIP="}, "localIP"},
 		"ServiceMonitor without prometheus-operator": {[]string{"--set", "serviceMonitor.enabled=true"}, "does not serve monitoring.coreos.com/v1"},
 		"PrometheusRule without prometheus-operator": {[]string{"--set", "prometheusRule.enabled=true"}, "does not serve monitoring.coreos.com/v1"},
 	} {
