@@ -100,6 +100,9 @@ func sideMode() (bool, int) {
 		defer cancel()
 		if err := runVerify(ctx, os.Stdout, flag.CommandLine, nodeCache, guardOpts, verifyOpts); err != nil {
 			log.Errorf("-verify: %v", err)
+			if errors.Is(err, errUpstreamUnreachable) {
+				return true, exitUpstreamUnreachable
+			}
 			return true, 1
 		}
 		return true, 0
