@@ -89,9 +89,10 @@ func TestGuardFailOpenTime(t *testing.T) {
 			t.Fatalf("run %d: after failing open the link holds %v, jumps left: %v", run, r.linkAddrs(), r.anyJump())
 		}
 		// iptables mode: kube-dns-upstream's ClusterIP is not local, so the link-local address is not DNATed
-		// off the node; the guard's chain only marks the node as failed open.
-		if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); strings.Contains(out, "DNAT") {
-			t.Fatalf("run %d: the guard diverts to a ClusterIP that is not local:\n%s", run, out)
+		// to it (the DNAT would send it off the node) but goes through kube-proxy's chain of the Service.
+		if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); strings.Contains(out, "DNAT") ||
+			!strings.Contains(out, "-j "+simnode.KubeProxyServiceChains["kube-system/kube-dns-upstream:dns"]) {
+			t.Fatalf("run %d: the guard does not divert through kube-proxy's chain:\n%s", run, out)
 		}
 
 		// The cache comes back and takes the node back; the guard watches again.
@@ -471,8 +472,8 @@ func TestBrokenCorefileReload(t *testing.T) {
 	}
 }
 
-// TestSecondInstanceRefused: a second cache on the node fails at startup and names the first; the first
-// keeps serving.
+// TestSecondInstanceRefused: a second cache on the node that does not serve what the first serves (another
+// port) is no successor: it fails at startup and names the first; the first keeps serving.
 func TestSecondInstanceRefused(t *testing.T) {
 	r := newRig(t, "nft")
 	r.startCache()
@@ -486,7 +487,7 @@ func TestSecondInstanceRefused(t *testing.T) {
 	if err == nil || !p.Exited() {
 		t.Fatalf("second instance: %v\n%s", err, p.Output())
 	}
-	if !strings.Contains(p.Output(), "another instance owns this node") {
+	if !strings.Contains(p.Output(), "another instance owns this node") || !strings.Contains(p.Output(), "a successor serves at least what its owner serves") {
 		t.Errorf("second instance's error does not say why:\n%s", p.Output())
 	}
 	if !r.jumps() || r.podQuery(linkLocal) != nil {

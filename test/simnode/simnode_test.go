@@ -106,3 +106,34 @@ func TestExternalResolverAnswersOutsideNames(t *testing.T) {
 		t.Errorf("external resolver logged %d queries for example.org, want 1:\n%s", got, ext.Output())
 	}
 }
+
+// TestLoadCountsEveryLookup runs the Pod-side load client against the cluster DNS through kube-proxy's
+// DNAT, and against an address nobody serves: every lookup is counted, answered or failed.
+func TestLoadCountsEveryLookup(t *testing.T) {
+	n := New(t)
+	n.StartClusterDNS(nodeCache)
+	ctx := context.Background()
+	res, err := n.RunLoad(ctx, n.PodNS, Load{
+		Server: KubeDNSClusterIP + ":53", Name: "kubernetes.default.svc.cluster.local",
+		Rate: 500, Duration: time.Second, Timeout: time.Second, Sockets: 16, SocketReuse: 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-dns ClusterIP: %v", res)
+	if res.Sent != 500 || res.Answered != 500 || res.Failed() != 0 {
+		t.Errorf("through kube-proxy: %v, want 500 answered", res)
+	}
+	// The link-local address is not on the node: the lookups time out (nothing answers) or are refused.
+	res, err = n.RunLoad(ctx, n.PodNS, Load{
+		Server: LinkLocalIP + ":53", Name: "kubernetes.default.svc.cluster.local",
+		Rate: 50, Duration: time.Second, Timeout: 200 * time.Millisecond, Sockets: 4, SocketReuse: 5,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("unserved address: %v", res)
+	if res.Sent != 50 || res.Answered != 0 || res.Failed() != 50 || len(res.Failures) != 50 {
+		t.Errorf("to an address nobody serves: %v, want 50 failed", res)
+	}
+}
