@@ -191,6 +191,13 @@ type Notrack struct {
 	// Lock is the node-lock file that keeps a second cache off the node; empty means the plugin's default
 	// (/run/nodelocaldns.lock).
 	Lock string
+	// Handover hands the node to the cluster DNS at exit instead of tearing it down (notrack handover):
+	// the local addresses that are not ServiceAddresses are diverted to the kube-dns-upstream Service at
+	// HandoverUpstream (one ClusterIP per family; none leaves them undiverted), and ServiceAddresses, the
+	// kube-dns ClusterIPs among the local addresses, go back to kube-proxy.
+	Handover         bool
+	HandoverUpstream []netip.Addr
+	ServiceAddresses []netip.Addr
 }
 
 // withDefaults returns c with every zero field set to its default.

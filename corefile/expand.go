@@ -350,6 +350,12 @@ func notrackDirective(n Notrack, ports []uint16, line int) *Directive {
 	if n.Lock != "" {
 		opt("lock", n.Lock)
 	}
+	if n.Handover {
+		opt("handover", addrStrings(n.HandoverUpstream)...)
+		if len(n.ServiceAddresses) > 0 {
+			opt("service", addrStrings(n.ServiceAddresses)...)
+		}
+	}
 	return d
 }
 

@@ -116,9 +116,27 @@ func TestReadKubeDNSDir(t *testing.T) {
 	})
 }
 
+// writeFile replaces path in one rename, as the kubelet updates a ConfigMap volume: a watcher reading it
+// sees the old content or the new, never a truncated file (which a plain os.WriteFile shows it for a moment,
+// and which reads as a valid, empty setting).
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(content)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 }

@@ -215,3 +215,22 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestRenderHandover(t *testing.T) {
+	cfg := Config{LocalIPs: []netip.Addr{netip.MustParseAddr("169.254.20.10")}, ClusterDNSIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Notrack: Notrack{Handover: true, HandoverUpstream: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
+			ServiceAddresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}}}
+	out, err := Render(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"handover 10.96.0.11\n", "service 10.96.0.10\n"} {
+		if strings.Count(string(out), want) != strings.Count(string(out), "notrack") {
+			t.Errorf("every notrack block should say %q:\n%s", want, out)
+		}
+	}
+	cfg.Notrack = Notrack{Handover: true}
+	if out, err = Render(cfg); err != nil || !strings.Contains(string(out), "handover\n") || strings.Contains(string(out), "service") {
+		t.Errorf("a hand-over without addresses: %v\n%s", err, out)
+	}
+}

@@ -51,11 +51,12 @@ type GuardConfig struct {
 	// kube-dns ClusterIP): failing open removes them from the link, and kube-proxy's DNAT takes over.
 	ServiceAddresses []netip.Addr
 	// Upstream holds the kube-dns-upstream Service's ClusterIP, one per family. Failing open diverts the
-	// other addresses (the link-local one, which nothing else serves) to it with a DNAT, when it is an
-	// address of the node (kube-proxy's IPVS mode puts it on kube-ipvs0, and IPVS takes it from there). In
-	// iptables mode, where Pods ask the kube-dns ClusterIP, a DNAT to a ClusterIP would send the traffic off
-	// the node (kube-proxy's DNAT never sees traffic DNATed before), so the guard leaves it out and logs so.
-	// An address whose family has no upstream is not diverted either (NewGuard logs a warning).
+	// other addresses (the link-local one, which nothing else serves) to that Service: with a DNAT to the
+	// ClusterIP where it is an address of the node (kube-proxy's IPVS mode puts it on kube-ipvs0, and IPVS
+	// takes it from there), and in iptables mode with a jump into kube-proxy's own chain of the Service
+	// (a DNAT to a ClusterIP would send the traffic off the node: kube-proxy's DNAT never sees traffic
+	// DNATed before). An address whose family has no upstream, or whose upstream kube-proxy serves in
+	// neither way, is not diverted (logged).
 	Upstream []netip.Addr
 
 	// Interval is the time between probe rounds; ProbeTimeout bounds each probe.
@@ -491,13 +492,20 @@ func (g *Guard) FailOpen(ctx context.Context) error {
 var errTakenBack = errors.New("the cache took the node back")
 
 func (g *Guard) failOpenLocked(ctx context.Context) error {
-	diverts, skipped, err := localDiverts(g.diverts)
-	if err != nil {
-		return linkError("list the node's addresses", err)
+	var diverts, skipped []rules.Divert
+	var err error
+	if g.nft != nil {
+		// The nftables backend reads kube-proxy's endpoints for what is not local (nftablesDivertsLocked).
+		diverts, skipped, err = localDiverts(g.diverts)
+		if err != nil {
+			return linkError("list the node's addresses", err)
+		}
+	} else if diverts, skipped, err = resolveDiverts(ctx, g.rules, g.diverts); err != nil {
+		return err
 	}
 	if len(skipped) > 0 && g.nft == nil {
-		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is not an address of this node (kube-proxy's iptables "+
-			"mode), and traffic DNATed to it would leave the node; Pods that ask the kube-dns ClusterIP are served", skipped)
+		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is neither an address of this node (IPVS) nor a "+
+			"ClusterIP in kube-proxy's KUBE-SERVICES chain (iptables mode); Pods that ask the kube-dns ClusterIP are served", skipped)
 	}
 	// The divert and its marks go first: they are also the word to the cache's repair loop to keep its
 	// jumps out, and the condition of their removal.
@@ -524,6 +532,9 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 	}
 	if !k.marked {
 		return errTakenBack
+	}
+	if _, err := ForgetLocalFlows(DivertEndpoints(diverts)); err != nil {
+		g.log.Warningf("nodelocal guard: %v", err)
 	}
 	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
 		k.addresses, g.cfg.Interface, diverts)

@@ -20,7 +20,7 @@ func (g *Guard) nftablesDivertsLocked(ctx context.Context, notLocal []rules.Dive
 	for _, d := range g.diverts {
 		for _, proto := range []rules.Protocol{rules.UDP, rules.TCP} {
 			nd := rules.NFTDivert{From: d.From, Port: d.Port, Protocol: proto}
-			if !slices.Contains(notLocal, d) {
+			if !slices.ContainsFunc(notLocal, func(o rules.Divert) bool { return o.From == d.From && o.To == d.To && o.Port == d.Port }) {
 				nd.To = []netip.AddrPort{netip.AddrPortFrom(d.To, d.Port)}
 			} else {
 				eps, err := g.nft.KubeProxyEndpoints(ctx, d.To, proto, d.Port)

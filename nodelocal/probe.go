@@ -35,8 +35,11 @@ type ProbeExemption struct {
 	users   int
 	backend string
 	rules   *rules.Manager
-	// installed holds the families where the rule was put in place.
+	// installed holds the families where the rule was put in place; uncertain those where putting it in
+	// place failed, yet may have taken effect: an iptables-restore killed because its context ended can
+	// have committed just before. Removal looks in both; Acquire still adds where the rule is uncertain.
 	installed map[rules.Family]bool
+	uncertain map[rules.Family]bool
 	// nft is set with the nftables backend; nftAddrs are the addresses its table exempts answers from,
 	// nil while there is no table.
 	nft      *rules.NFTablesManager
@@ -46,7 +49,7 @@ type ProbeExemption struct {
 // NewProbeExemption returns a ProbeExemption whose iptables commands wait up to lockWait for the xtables
 // lock (rules.DefaultLockWait when zero). It changes nothing yet.
 func NewProbeExemption(lockWait time.Duration) *ProbeExemption {
-	return &ProbeExemption{lockWait: lockWait, installed: map[rules.Family]bool{}}
+	return &ProbeExemption{lockWait: lockWait, installed: map[rules.Family]bool{}, uncertain: map[rules.Family]bool{}}
 }
 
 // Acquire puts the rule in place for the families of addrs, with the rules backend backend ("auto",
@@ -57,7 +60,7 @@ func (p *ProbeExemption) Acquire(ctx context.Context, backend string, addrs []ne
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.users++
-	if p.rules == nil || (p.backend != backend && len(p.installed) == 0 && p.nftAddrs == nil) {
+	if p.rules == nil || (p.backend != backend && len(p.installed) == 0 && len(p.uncertain) == 0 && p.nftAddrs == nil) {
 		mode, err := rules.ParseMode(backend)
 		if err != nil {
 			return configError("select rules backend for the probe exemption", err)
@@ -99,9 +102,11 @@ func (p *ProbeExemption) Acquire(ctx context.Context, backend string, addrs []ne
 		}
 		if err := p.rules.AddProbeExemption(ctx, fam, ProbeMark); err != nil {
 			errs = append(errs, rulesError(fmt.Sprintf("add the %s probe exemption", fam), err))
+			p.uncertain[fam] = true
 			continue
 		}
 		p.installed[fam] = true
+		delete(p.uncertain, fam)
 	}
 	return errors.Join(errs...)
 }
@@ -120,11 +125,11 @@ func (p *ProbeExemption) Release(timeout time.Duration) error {
 	return p.removeLocked(ctx)
 }
 
-// Active reports whether the rule is in place in some family.
+// Active reports whether the rule is, or may be, in place in some family.
 func (p *ProbeExemption) Active() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.installed) > 0 || p.nftAddrs != nil
+	return len(p.installed) > 0 || len(p.uncertain) > 0 || p.nftAddrs != nil
 }
 
 // RemoveAll removes the rule whoever uses it: the process is shutting down.
@@ -143,12 +148,17 @@ func (p *ProbeExemption) removeLocked(ctx context.Context) error {
 			p.nftAddrs = nil
 		}
 	}
-	for fam := range p.installed {
+	for _, fam := range []rules.Family{rules.IPv4, rules.IPv6} {
+		if !p.installed[fam] && !p.uncertain[fam] {
+			continue
+		}
+		// Removing a rule that is not there is not an error.
 		if err := p.rules.RemoveProbeExemption(ctx, fam, ProbeMark); err != nil {
 			errs = append(errs, rulesError(fmt.Sprintf("remove the %s probe exemption", fam), err))
 			continue
 		}
 		delete(p.installed, fam)
+		delete(p.uncertain, fam)
 	}
 	return errors.Join(errs...)
 }

@@ -88,6 +88,19 @@ func New(cfg Config) (*Reconciler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, configError("check configuration", err)
 	}
+	lock, err := nodelock.Acquire(cfg.LockPath)
+	if err != nil {
+		return nil, &Error{Kind: KindNodeLock, Op: "take the node lock", Err: err}
+	}
+	r, err := newReconciler(cfg, lock)
+	if err != nil {
+		return nil, errors.Join(err, lock.Release())
+	}
+	return r, nil
+}
+
+// newReconciler returns a Reconciler for cfg (with defaults, checked) that owns the node through lock.
+func newReconciler(cfg Config, lock *nodelock.Lock) (*Reconciler, error) {
 	r := &Reconciler{
 		cfg:       cfg,
 		log:       cfg.Logger,
@@ -101,10 +114,6 @@ func New(cfg Config) (*Reconciler, error) {
 			return nil, configError("check configuration", err)
 		}
 		r.link = m
-	}
-	lock, err := nodelock.Acquire(cfg.LockPath)
-	if err != nil {
-		return nil, &Error{Kind: KindNodeLock, Op: "take the node lock", Err: err}
 	}
 	r.lock = lock
 	r.status.Interface = cfg.Interface

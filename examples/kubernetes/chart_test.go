@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -19,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
+	"github.com/nodelocaldns/nodelocaldns/internal/helmtest"
 )
 
 var update = flag.Bool("update", false, "rewrite the manifests from the chart")
@@ -27,40 +26,10 @@ var update = flag.Bool("update", false, "rewrite the manifests from the chart")
 // chartDir is the Helm chart, from this package's directory.
 const chartDir = "../../charts/node-local-dns"
 
-// helmPath is where scripts/install-test-deps.sh installs the pinned helm, from this package's directory.
-const helmPath = "../../bin/tools/helm"
-
-// helm runs the pinned helm with args and returns its output; an error carries helm's stderr.
-func helm(t *testing.T, args ...string) ([]byte, error) {
-	t.Helper()
-	bin, err := filepath.Abs(helmPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(bin); err != nil {
-		msg := "needs helm at bin/tools/helm (scripts/install-test-deps.sh, which make test runs, installs it)"
-		if privtest.Required() {
-			t.Fatalf("%s; %s is set, so this is a failure, not a skip", msg, privtest.RequireEnv)
-		}
-		t.Skipf("%s; set %s=1 to make this a failure", msg, privtest.RequireEnv)
-	}
-	var stderr bytes.Buffer
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = &stderr
-	// helm keeps its caches and repositories under HOME; a test's own keeps the runs apart.
-	home := t.TempDir()
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return out, nil
-}
-
 // render is `helm template` of the chart as release node-local-dns in kube-system, with extra arguments.
 func render(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	return helm(t, append([]string{"template", "node-local-dns", chartDir, "--namespace", "kube-system"}, args...)...)
+	return helmtest.Template(t, args...)
 }
 
 func mustRender(t *testing.T, args ...string) (*Objects, []byte) {
@@ -104,12 +73,8 @@ func TestManifestsAreTheChart(t *testing.T) {
 }
 
 func TestChartLint(t *testing.T) {
-	values, err := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
-	if err != nil || len(values) == 0 {
-		t.Fatalf("no values files in %s/ci: %v", chartDir, err)
-	}
-	for _, v := range values {
-		if out, err := helm(t, "lint", "--strict", chartDir, "--namespace", "kube-system", "-f", v); err != nil {
+	for _, v := range helmtest.CIValues(t) {
+		if out, err := helmtest.Run(t, "lint", "--strict", chartDir, "--namespace", "kube-system", "-f", v); err != nil {
 			t.Errorf("%s: %v\n%s", filepath.Base(v), err, out)
 		}
 	}
@@ -286,7 +251,7 @@ func TestChartOptions(t *testing.T) {
 		}
 	})
 	t.Run("another release name", func(t *testing.T) {
-		out, err := helm(t, "template", "dns", chartDir, "--namespace", "kube-system")
+		out, err := helmtest.Run(t, "template", "dns", chartDir, "--namespace", "kube-system")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,10 +284,10 @@ func TestChartRefuses(t *testing.T) {
 		args []string
 		want string
 	}{
-		"unknown kube-proxy mode": {[]string{"--set", "kubeProxyMode=userspace"}, "kubeProxyMode"},
-		"another namespace":       {[]string{"--namespace", "dns"}, "install into kube-system"},
-		"maxSurge":                {[]string{"--set", "updateStrategy.rollingUpdate.maxSurge=1"}, "maxSurge"},
-		"no local address":        {[]string{"--set-string", "localIP="}, "localIP"},
+		"unknown kube-proxy mode":                    {[]string{"--set", "kubeProxyMode=userspace"}, "kubeProxyMode"},
+		"another namespace":                          {[]string{"--namespace", "dns"}, "install into kube-system"},
+		"a short grace period":                       {[]string{"--set", "terminationGracePeriodSeconds=5"}, "terminationGracePeriodSeconds"},
+		"no local address":                           {[]string{"--set-string", "localIP="}, "localIP"},
 		"ServiceMonitor without prometheus-operator": {[]string{"--set", "serviceMonitor.enabled=true"}, "does not serve monitoring.coreos.com/v1"},
 		"PrometheusRule without prometheus-operator": {[]string{"--set", "prometheusRule.enabled=true"}, "does not serve monitoring.coreos.com/v1"},
 	} {

@@ -43,10 +43,16 @@ func addrs(ss ...string) []netip.Addr {
 	return out
 }
 
+// handover is node-cache's default in drop-in mode: at exit the node goes to the cluster DNS until the
+// next start answers. Its addresses come from the Service variables of the container's environment, which
+// a Config written here does not know.
+var handover = corefile.Notrack{Handover: true}
+
 // Manifests lists the manifests in this directory.
 var Manifests = []Manifest{
 	{File: "nodelocaldns-iptables.yaml", Values: "ci/iptables-values.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
+		Notrack: handover,
 	}, Header: `# NodeLocal DNSCache: kube-proxy in iptables mode.
 #
 # The cache answers on the link-local 169.254.20.10 and on the kube-dns ClusterIP 10.96.0.10, which it puts
@@ -55,6 +61,7 @@ var Manifests = []Manifest{
 `},
 	{File: "nodelocaldns-ipvs.yaml", Values: "ci/ipvs-values.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPVS, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
+		Notrack: handover,
 	}, Header: `# NodeLocal DNSCache: kube-proxy in IPVS mode.
 #
 # IPVS already owns the kube-dns ClusterIP (it sits on kube-ipvs0), so the cache answers on the link-local
@@ -65,6 +72,7 @@ var Manifests = []Manifest{
 	{File: "nodelocaldns-dualstack.yaml", Values: "ci/dualstack-values.yaml", Config: corefile.Config{
 		Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10", "fd00:169:254::10"),
 		ClusterDNSIPs: addrs("10.96.0.10", "fd00:10:96::a"),
+		Notrack:       handover,
 	}, Header: `# NodeLocal DNSCache: dual-stack cluster, kube-proxy in iptables mode.
 #
 # The cache answers on a link-local address of each family (169.254.20.10, fd00:169:254::10) and on both

@@ -154,13 +154,30 @@ func TestManifests(t *testing.T) {
 				len(ms.Spec.Ports) != 2 || ms.Spec.Ports[0].Port != corefile.DefaultMetricsPort || ms.Spec.Ports[1].Port != 9254 {
 				t.Errorf("metrics Service %+v", ms)
 			}
-			if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == corefile.DefaultMetricsPort }) {
-				t.Error("container does not expose the metrics port")
+			if tp := ms.Spec.Ports[0].TargetPort; tp.IntValue() != corefile.DefaultMetricsPort {
+				t.Errorf("metrics Service targets %s, want port %d by number: the containers name no ports", tp.String(), corefile.DefaultMetricsPort)
+			}
+
+			// The rolling update surges, using the hand-off: with hostNetwork a declared container port is a
+			// host port, which would keep the surge Pod off the node.
+			ru := ds.Spec.UpdateStrategy.RollingUpdate
+			if ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() != 1 || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+				t.Errorf("update strategy %+v, want maxSurge 1 and maxUnavailable 0", ds.Spec.UpdateStrategy)
+			}
+			for _, ct := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+				if len(ct.Ports) > 0 {
+					t.Errorf("container %s declares ports %v: host ports under hostNetwork, they block the surge Pod", ct.Name, ct.Ports)
+				}
+			}
+			if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 15 {
+				t.Errorf("terminationGracePeriodSeconds %v: the drain and CoreDNS's own shutdown need up to 15 s", g)
 			}
 			guard := pod.InitContainers[0]
-			if !slices.ContainsFunc(guard.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == 9254 }) ||
-				!strings.HasSuffix(argValue(guard.Args, "-metrics-listen-address"), ":9254") {
-				t.Errorf("the guard does not serve its metrics on the Service's port 9254: %+v %v", guard.Ports, guard.Args)
+			if !strings.HasSuffix(argValue(guard.Args, "-metrics-listen-address"), ":9254") || ms.Spec.Ports[1].TargetPort.IntValue() != 9254 {
+				t.Errorf("the guard does not serve its metrics on the Service's port 9254: %v", guard.Args)
+			}
+			if !slices.Contains(guard.Args, "-guard.wait") {
+				t.Errorf("the guard does not wait for the old Pod's: %v", guard.Args)
 			}
 			if !strings.HasSuffix(argValue(c.Args, "-prometheus-listen-address"), ":9253") {
 				t.Errorf("-prometheus-listen-address %q", argValue(c.Args, "-prometheus-listen-address"))

@@ -121,12 +121,14 @@ func TestReloadWithSignal(t *testing.T) {
 	}
 }
 
+// waitUntil polls cond for up to 30 seconds: a bound for a watcher that never acts, generous for a busy
+// machine.
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if cond() {
 			return
 		}
 	}
-	t.Fatal("condition not met within 5s")
+	t.Fatal("condition not met within 30s")
 }

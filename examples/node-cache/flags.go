@@ -38,6 +38,7 @@ type nodeCacheFlags struct {
 	setupInterface          bool
 	setupIptables           bool
 	skipTeardown            bool
+	handover                bool
 	lockFile                string
 	interfaceName           string
 	syncInterval            syncInterval
@@ -59,6 +60,9 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.BoolVar(&f.setupInterface, "setupinterface", true, "put the local IPs on a node-local interface (notrack; false adds no_interface)")
 	fs.BoolVar(&f.setupIptables, "setupiptables", true, "install the NOTRACK rules (notrack; false adds no_rules)")
 	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
+	fs.BoolVar(&f.handover, "handover", true, "at exit, hand the node to the cluster DNS until the next start answers instead of removing the interface and rules (notrack handover): "+
+		"the kube-dns ClusterIP ($KUBE_DNS_SERVICE_HOST, when one of -localip) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP ($<SERVICE>_SERVICE_HOST); "+
+		"not an upstream flag; -cleanup removes everything")
 	fs.StringVar(&f.lockFile, "lockfile", "", "node-lock file that keeps a second cache off the node (notrack lock); not an upstream flag; default /run/nodelocaldns.lock")
 	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
 	fs.Var(&f.syncInterval, "syncinterval", `how often the rules and interface are checked (notrack sync), "60" or "60s"`)
@@ -95,7 +99,7 @@ func (s *syncInterval) Set(v string) error {
 
 // dropInOnly are the flags that mean nothing without -localip.
 var dropInOnly = []string{"upstreamsvc", "basecorefile", "corefile", "kubednscm", "setupinterface", "setupiptables",
-	"skipteardown", "interfacename", "syncinterval", "health-port", "metrics-listen-address",
+	"skipteardown", "handover", "interfacename", "syncinterval", "health-port", "metrics-listen-address",
 	"prometheus-listen-address", "reloadwithsignal"}
 
 // dropIn turns the parsed flags into a corefile.DropIn, or returns nil when -localip is absent and the
@@ -162,6 +166,11 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 	if set["syncinterval"] {
 		notrack.Sync = time.Duration(f.syncInterval)
 	}
+	if f.handover && f.setupIptables && !f.skipTeardown {
+		if err := f.handoverAddresses(&notrack, localIPs, os.Getenv); err != nil {
+			return nil, err
+		}
+	}
 
 	kubeDNSDir := f.kubeDNSCM
 	if kubeDNSDir == "" {
@@ -196,6 +205,29 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 		d.Reload = func() error { return syscall.Kill(os.Getpid(), syscall.SIGUSR1) }
 	}
 	return d, nil
+}
+
+// handoverAddresses turns the hand-over on and fills in its addresses from the variables Kubernetes gives
+// every container of kube-system: the kube-dns ClusterIP, when it is one of the local IPs, and the
+// ClusterIP of -upstreamsvc, where the other local IPs are diverted.
+func (f *nodeCacheFlags) handoverAddresses(n *corefile.Notrack, localIPs []netip.Addr, getenv func(string) string) error {
+	n.Handover = true
+	if ip, err := netip.ParseAddr(getenv("KUBE_DNS_SERVICE_HOST")); err == nil {
+		for _, a := range localIPs {
+			if a == ip.Unmap() {
+				n.ServiceAddresses = append(n.ServiceAddresses, a)
+			}
+		}
+	}
+	from := serviceHostVar(f.upstreamSvc)
+	if v := getenv(from); v != "" {
+		ips, err := parseIPList(v)
+		if err != nil {
+			return fmt.Errorf("-handover: $%s: %w", from, err)
+		}
+		n.HandoverUpstream = ips
+	}
+	return nil
 }
 
 func lookupFlag(fs *flag.FlagSet, name, def string) string {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,8 @@ func TestSyncIntervalFlag(t *testing.T) {
 }
 
 func TestNodeCacheFlags(t *testing.T) {
+	t.Setenv("KUBE_DNS_SERVICE_HOST", "")
+	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_HOST", "")
 	d, fs, err := parseDropIn(t, "-localip", "169.254.20.10,10.96.0.10", "-conf", "/etc/Corefile", "-upstreamsvc", "kube-dns-upstream",
 		"-pidfile", "/tmp/node-cache.pid")
 	if err != nil {
@@ -72,7 +75,7 @@ func TestNodeCacheFlags(t *testing.T) {
 		e.PrometheusEndpoint != "169.254.20.10:9253" || e.Port != 53 || len(e.NotrackPorts) != 1 || e.NotrackPorts[0] != 8080 {
 		t.Errorf("expansion %+v", e)
 	}
-	if *e.Notrack != (corefile.Notrack{Interface: corefile.DefaultInterface}) {
+	if !reflect.DeepEqual(*e.Notrack, corefile.Notrack{Interface: corefile.DefaultInterface, Handover: true}) {
 		t.Errorf("notrack %+v", *e.Notrack)
 	}
 	if fs.Lookup("conf").Value.String() != "/etc/Corefile" {
@@ -86,7 +89,7 @@ func TestNodeCacheFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	e = d.Expansion
-	if *e.Notrack != (corefile.Notrack{Interface: "nl0", Sync: time.Second, NoInterface: true, NoRules: true, SkipTeardown: true}) {
+	if !reflect.DeepEqual(*e.Notrack, corefile.Notrack{Interface: "nl0", Sync: time.Second, NoInterface: true, NoRules: true, SkipTeardown: true}) {
 		t.Errorf("notrack %+v", *e.Notrack)
 	}
 	if e.Port != 5353 || e.NotrackPorts[0] != 9080 || e.PrometheusEndpoint != "[fd00::7]:9253" || d.Reload == nil ||
@@ -140,6 +143,11 @@ func addrs(ss ...string) []netip.Addr {
 // corefile.Template, the kube-dns ConfigMap as a mounted directory) and compares the Corefile they write
 // with corefile.Render of the equivalent typed configuration.
 func TestFlagsMatchTypedConfig(t *testing.T) {
+	// Without the Service variables the hand-over is on, with no addresses to divert or give back.
+	t.Setenv("KUBE_DNS_SERVICE_HOST", "")
+	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_HOST", "")
+	t.Setenv("COREDNS_UPSTREAM_SERVICE_HOST", "")
+	handover := corefile.Notrack{Handover: true}
 	tests := []struct {
 		name string
 		cfg  corefile.Config
@@ -147,30 +155,30 @@ func TestFlagsMatchTypedConfig(t *testing.T) {
 	}{
 		{
 			name: "iptables",
-			cfg:  corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10")},
+			cfg:  corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"), Notrack: handover},
 			args: []string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream"},
 		},
 		{
 			name: "ipvs",
-			cfg:  corefile.Config{Mode: corefile.ModeIPVS, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10")},
+			cfg:  corefile.Config{Mode: corefile.ModeIPVS, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"), Notrack: handover},
 			args: []string{"-localip", "169.254.20.10", "-upstreamsvc", "kube-dns-upstream"},
 		},
 		{
 			name: "dual-stack",
 			cfg: corefile.Config{LocalIPs: addrs("169.254.20.10", "fd00:169:254::10"),
-				ClusterDNSIPs: addrs("10.96.0.10", "fd00:10:96::a")},
+				ClusterDNSIPs: addrs("10.96.0.10", "fd00:10:96::a"), Notrack: handover},
 			args: []string{"-localip", "169.254.20.10,fd00:169:254::10,10.96.0.10,fd00:10:96::a", "-upstreamsvc", "kube-dns-upstream"},
 		},
 		{
 			name: "ipv6",
-			cfg:  corefile.Config{LocalIPs: addrs("fd00:169:254::10"), ClusterDNSIPs: addrs("fd00:10:96::a"), ClusterDomain: "k8s.example.org"},
+			cfg:  corefile.Config{LocalIPs: addrs("fd00:169:254::10"), ClusterDNSIPs: addrs("fd00:10:96::a"), ClusterDomain: "k8s.example.org", Notrack: handover},
 			args: []string{"-localip", "fd00:169:254::10,fd00:10:96::a", "-upstreamsvc", "kube-dns-upstream"},
 		},
 		{
 			name: "stub domains and upstreams from the kube-dns ConfigMap",
 			cfg: corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"),
 				StubDomains:   map[string][]string{"acme.local": {"1.2.3.4"}, "corp.example.com": {"10.150.0.1:5353", "[2001:db8::53]:53"}},
-				NodeUpstreams: []string{"8.8.8.8", "[2001:4860:4860::8888]:53"}},
+				NodeUpstreams: []string{"8.8.8.8", "[2001:4860:4860::8888]:53"}, Notrack: handover},
 			args: []string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream"},
 		},
 		{
@@ -220,9 +228,27 @@ func TestFlagsMatchTypedConfig(t *testing.T) {
 	}
 }
 
+// writeFile replaces path in one rename, as the kubelet updates a ConfigMap volume: the drop-in's watcher
+// sees the old content or the new, never a truncated file (which a plain os.WriteFile shows it for a moment,
+// and which reads as a valid, empty setting).
 func writeFile(t *testing.T, path string, content []byte) {
 	t.Helper()
-	if err := os.WriteFile(path, content, 0o644); err != nil {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(content)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 }
@@ -240,5 +266,43 @@ func writeKubeDNSDir(t *testing.T, dir string, kd corefile.KubeDNS) {
 	if len(kd.UpstreamNameservers) > 0 {
 		b, _ := json.Marshal(kd.UpstreamNameservers)
 		writeFile(t, filepath.Join(dir, corefile.UpstreamNameserversKey), b)
+	}
+}
+
+// TestHandoverFlag: the hand-over at exit is on by default in drop-in mode, with its addresses from the
+// Service variables; -handover=false, -skipteardown and -setupiptables=false turn it off.
+func TestHandoverFlag(t *testing.T) {
+	t.Setenv("KUBE_DNS_SERVICE_HOST", "10.96.0.10")
+	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_HOST", "10.96.0.11")
+	d, _, err := parseDropIn(t, "-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := d.Expansion.Notrack
+	want := corefile.Notrack{Interface: corefile.DefaultInterface, Handover: true,
+		HandoverUpstream: []netip.Addr{netip.MustParseAddr("10.96.0.11")}, ServiceAddresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}}
+	if !reflect.DeepEqual(*n, want) {
+		t.Errorf("notrack %+v, want %+v", *n, want)
+	}
+	// IPVS mode: the kube-dns ClusterIP is not a local IP.
+	d, _, err = parseDropIn(t, "-localip", "169.254.20.10", "-upstreamsvc", "kube-dns-upstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := d.Expansion.Notrack; !n.Handover || len(n.ServiceAddresses) != 0 || len(n.HandoverUpstream) != 1 {
+		t.Errorf("IPVS mode: notrack %+v", *n)
+	}
+	for _, off := range [][]string{{"-handover=false"}, {"-skipteardown"}, {"-setupiptables=false"}} {
+		d, _, err := parseDropIn(t, append([]string{"-localip", "169.254.20.10"}, off...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Expansion.Notrack.Handover {
+			t.Errorf("%v: hand-over still on", off)
+		}
+	}
+	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_HOST", "not-an-ip")
+	if _, _, err := parseDropIn(t, "-localip", "169.254.20.10", "-upstreamsvc", "kube-dns-upstream"); err == nil || !strings.Contains(err.Error(), "KUBE_DNS_UPSTREAM_SERVICE_HOST") {
+		t.Errorf("a bad upstream address: %v", err)
 	}
 }

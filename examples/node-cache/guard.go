@@ -33,6 +33,7 @@ type guardFlags struct {
 	failAfter    int
 	recoverAfter int
 	probeName    string
+	wait         bool
 }
 
 func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
@@ -47,6 +48,7 @@ func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	fs.IntVar(&g.failAfter, "guard.failafter", nodelocal.DefaultGuardFailAfter, "failed rounds in a row before failing open")
 	fs.IntVar(&g.recoverAfter, "guard.recoverafter", nodelocal.DefaultGuardRecoverAfter, "answered rounds in a row, after the cache took the node back, before watching again")
 	fs.StringVar(&g.probeName, "guard.probename", "", "name whose SOA the probes ask for, through the cache's plugins and, on a miss, its upstreams; empty sends an EDNS version 1 query the server answers itself (BADVERS); any answer counts")
+	fs.BoolVar(&g.wait, "guard.wait", false, "while another guard runs on the node (the old Pod's, in a rolling update that surges), wait for it to exit instead of failing")
 	return g
 }
 
@@ -149,13 +151,21 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 		return err
 	}
 	cfg.Logger = log
-	guard, err := nodelocal.NewGuard(cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var guard *nodelocal.Guard
+	if g.wait {
+		guard, err = nodelocal.NewGuardWhenFree(ctx, cfg, time.Second)
+		if ctx.Err() != nil {
+			return nil // told to stop while waiting
+		}
+	} else {
+		guard, err = nodelocal.NewGuard(cfg)
+	}
 	if err != nil {
 		return err
 	}
 	defer guard.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	if addr := nc.metricsListenAddress; addr != "" {
 		if err := serveMetrics(ctx, addr, promhttp.HandlerFor(guardMetrics(guard), promhttp.HandlerOpts{})); err != nil {
 			return err

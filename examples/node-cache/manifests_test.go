@@ -18,6 +18,8 @@ import (
 // corefile.Render of the configuration the manifest claims, and free of hazards on a usual node.
 func TestManifestsStartTheirConfig(t *testing.T) {
 	const hostIP = "10.0.0.7" // status.hostIP of the simulated node
+	t.Setenv("KUBE_DNS_SERVICE_HOST", "")
+	t.Setenv("KUBE_DNS_UPSTREAM_SERVICE_HOST", "")
 	for _, m := range kubernetes.Manifests {
 		t.Run(m.File, func(t *testing.T) {
 			objs, err := kubernetes.Load(m.File)

@@ -63,8 +63,8 @@ func runPreflight(w io.Writer, nc *nodeCacheFlags, g *guardFlags, p *preflightFl
 	return nil
 }
 
-// runSideMode runs the -guard, -preflight or -verify mode when one is asked for and exits with its status. Without
-// either it returns, and the binary goes on as the cache.
+// runSideMode runs the -guard, -preflight, -verify or -cleanup mode when one is asked for and exits with its
+// status. Without one it returns, and the binary goes on as the cache.
 func runSideMode() {
 	if ran, code := sideMode(); ran {
 		os.Exit(code)
@@ -74,9 +74,15 @@ func runSideMode() {
 func sideMode() (bool, int) {
 	flag.Parse()
 	switch {
-	case btoi(guardOpts.enabled)+btoi(preflightOpts.enabled)+btoi(verifyOpts.enabled) > 1:
-		log.Errorf("-guard, -preflight and -verify exclude each other")
+	case btoi(guardOpts.enabled)+btoi(preflightOpts.enabled)+btoi(verifyOpts.enabled)+btoi(cleanupOpts.enabled) > 1:
+		log.Errorf("-guard, -preflight, -verify and -cleanup exclude each other")
 		return true, 2
+	case cleanupOpts.enabled:
+		if err := runCleanup(os.Stdout, nodeCache, guardOpts, cleanupOpts); err != nil {
+			log.Errorf("-cleanup: %v", err)
+			return true, 1
+		}
+		return true, 0
 	case guardOpts.enabled:
 		if err := runGuard(flag.CommandLine, nodeCache, guardOpts); err != nil {
 			log.Errorf("-guard: %v", err)
@@ -94,6 +100,9 @@ func sideMode() (bool, int) {
 		defer cancel()
 		if err := runVerify(ctx, os.Stdout, flag.CommandLine, nodeCache, guardOpts, verifyOpts); err != nil {
 			log.Errorf("-verify: %v", err)
+			if errors.Is(err, errUpstreamUnreachable) {
+				return true, exitUpstreamUnreachable
+			}
 			return true, 1
 		}
 		return true, 0

@@ -52,14 +52,41 @@ func registerVerifyFlags(fs *flag.FlagSet) *verifyFlags {
 
 var verifyOpts = registerVerifyFlags(flag.CommandLine)
 
-// errVerifyFailed is returned when a check failed; the table says which.
+// errVerifyFailed is returned when a check of the cache failed; the table says which.
 var errVerifyFailed = errors.New("verification failed")
+
+// errUpstreamUnreachable is returned when every failure is the cluster DNS upstream's: the cache answers, but
+// kube-dns-upstream does not answer it. -verify exits with exitUpstreamUnreachable then, so that a rollout
+// script tells a cluster-DNS outage from a broken cache.
+var errUpstreamUnreachable = errors.New("the cluster DNS upstream does not answer; the node cache's own checks passed")
+
+// exitUpstreamUnreachable is the exit status of -verify for errUpstreamUnreachable (1 is a failure of the
+// cache, 2 a usage error).
+const exitUpstreamUnreachable = 3
 
 // verifyResult is one row of the -verify table.
 type verifyResult struct {
 	check, target string
 	ok            bool
 	detail        string
+	// viaUpstream marks an answer the cache gets from the cluster DNS upstream (the cluster name, its
+	// reverse), asked of the cache's address server.
+	viaUpstream bool
+	server      netip.Addr
+	// upstreamFault is set on a failed viaUpstream row when the upstream does not answer but the cache
+	// answers on server: the failure is the upstream's, shown as UPSTREAM and not counted against the cache.
+	upstreamFault bool
+}
+
+// result is the RESULT column of r.
+func (r verifyResult) result() string {
+	switch {
+	case r.ok:
+		return "ok"
+	case r.upstreamFault:
+		return "UPSTREAM"
+	}
+	return "FAIL"
 }
 
 // verifier holds what -verify checks and collects the results.
@@ -75,14 +102,22 @@ type verifier struct {
 	external   string
 	stubs      []string
 	timeout    time.Duration
+	// metricsURL is the cache's /metrics (its prometheus plugin), where upstreamsvc says where it forwards.
+	metricsURL string
+	// upstreamService is the Service in front of the cluster DNS, for its address in the environment when
+	// the metrics do not give one.
+	upstreamService string
+	lookupEnv       func(string) (string, bool)
 
 	results []verifyResult
 	// lookups are the local address and source port of every UDP query sent, for the conntrack check.
 	lookups []netip.AddrPort
+	// answeredOn holds the cache's addresses that answered at least one lookup (any rcode).
+	answeredOn map[netip.Addr]bool
 }
 
 func (v *verifier) add(check, target string, ok bool, format string, args ...any) {
-	v.results = append(v.results, verifyResult{check, target, ok, fmt.Sprintf(format, args...)})
+	v.results = append(v.results, verifyResult{check: check, target: target, ok: ok, detail: fmt.Sprintf(format, args...)})
 }
 
 // runVerify is the -verify mode: it runs every check and prints the table to w.
@@ -94,40 +129,74 @@ func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCache
 	v.checkLink()
 	v.checkRules(ctx)
 	v.checkAnswers(ctx)
+	v.checkUpstream(ctx)
 	v.checkConntrack()
 	v.checkHTTP(ctx, "ready", v.readyPort, "/ready")
 	v.checkHTTP(ctx, "health", v.healthPort, "/health")
+	return printResults(w, v.results)
+}
 
+// printResults prints the table of results and a summary to w. It returns errVerifyFailed when a check of the
+// cache failed, errUpstreamUnreachable when only the cluster DNS upstream's checks did.
+func printResults(w io.Writer, results []verifyResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tTARGET\tRESULT\tDETAIL")
-	failed := 0
-	for _, r := range v.results {
-		result := "ok"
-		if !r.ok {
-			result = "FAIL"
-			failed++
+	var cacheFailed, upstreamFailed, attributed int
+	var upstreams []string
+	for _, r := range results {
+		switch {
+		case r.ok:
+		case r.upstreamFault:
+			attributed++
+		case r.check == upstreamCheck:
+			upstreamFailed++
+			upstreams = append(upstreams, r.target)
+		default:
+			cacheFailed++
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.check, r.target, result, r.detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.check, r.target, r.result(), r.detail)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if failed > 0 {
-		fmt.Fprintf(w, "%d of %d checks failed\n", failed, len(v.results))
+	switch {
+	case cacheFailed > 0:
+		fmt.Fprintf(w, "%d of %d checks failed\n", cacheFailed+upstreamFailed, len(results)-attributed)
 		return errVerifyFailed
+	case upstreamFailed > 0:
+		fmt.Fprintf(w, "%d of %d checks failed", upstreamFailed, len(results))
+		if attributed > 0 {
+			fmt.Fprintf(w, " and %d are UPSTREAM", attributed)
+		}
+		fmt.Fprintf(w, ", all because the cluster DNS upstream %s does not answer this node; the node cache's own checks passed\n",
+			strings.Join(upstreams, ", "))
+		return errUpstreamUnreachable
 	}
-	fmt.Fprintf(w, "all %d checks passed\n", len(v.results))
+	fmt.Fprintf(w, "all %d checks passed\n", len(results))
 	return nil
 }
 
 func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verifyFlags) (*verifier, error) {
-	v := &verifier{iface: nc.interfaceName, domain: strings.TrimSuffix(vf.domain, "."), external: vf.external, timeout: vf.timeout}
+	v := &verifier{iface: nc.interfaceName, domain: strings.TrimSuffix(vf.domain, "."), external: vf.external, timeout: vf.timeout,
+		upstreamService: defaultVerifyUpstreamSvc, lookupEnv: os.LookupEnv, answeredOn: map[netip.Addr]bool{}}
 	var errs []error
 	var err error
 	if nc.localIP == "" {
 		errs = append(errs, errors.New("-verify needs -localip: the cache's addresses, as its container has them"))
 	} else if v.listen, err = parseIPList(nc.localIP); err != nil {
 		errs = append(errs, fmt.Errorf("-localip: %w", err))
+	}
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "upstreamsvc" {
+			v.upstreamService = nc.upstreamSvc
+		}
+	})
+	conf := lookupFlag(fs, "conf", "")
+	if conf == "" {
+		conf = nc.corefile
+	}
+	if metrics := cacheMetricsAddress(nc.prometheusListenAddress, conf, v.listen); metrics != "" {
+		v.metricsURL = "http://" + metrics + "/metrics"
 	}
 	if v.backend, err = rules.ParseMode(g.backend); err != nil {
 		errs = append(errs, fmt.Errorf("-guard.backend: %w", err))
@@ -385,44 +454,58 @@ func (v *verifier) checkAnswers(ctx context.Context) {
 			target := fmt.Sprintf("%s %s A/%s", ip, v.name, network)
 			switch {
 			case err != nil:
-				v.add("answer", target, false, "%v", err)
+				v.addViaUpstream(ip, target, false, "%v", err)
 			case r.Rcode != dns.RcodeSuccess || len(answers(r, dns.TypeA)) == 0:
-				v.add("answer", target, false, "%s with %d answers, want an address", dns.RcodeToString[r.Rcode], len(r.Answer))
+				v.addViaUpstream(ip, target, false, "%s with %d answers, want an address", dns.RcodeToString[r.Rcode], len(r.Answer))
 			default:
 				a := answers(r, dns.TypeA)
-				v.add("answer", target, true, "%s", strings.Join(a, ", "))
+				v.addViaUpstream(ip, target, true, "%s", strings.Join(a, ", "))
 				if rev, err := dns.ReverseAddr(a[0]); err == nil {
 					reverse = rev
 				}
 			}
 		}
 		if reverse == "" {
-			v.add("answer", ip.String()+" reverse", false, "no address of %s to look up in reverse", v.name)
+			v.addViaUpstream(ip, ip.String()+" reverse", false, "not asked: no address of %s to look up in reverse", v.name)
 		} else {
-			v.answered(ctx, server, "reverse", reverse, dns.TypePTR)
+			v.answered(ctx, server, "reverse", reverse, dns.TypePTR, true)
 		}
-		v.answered(ctx, server, "external", v.external, dns.TypeA)
+		v.answered(ctx, server, "external", v.external, dns.TypeA, false)
 		for _, stub := range v.stubs {
-			v.answered(ctx, server, "stub domain", stub, dns.TypeA)
+			v.answered(ctx, server, "stub domain", stub, dns.TypeA, false)
 		}
 	}
 }
 
+// addViaUpstream adds an answer row for a name the cache asked of server gets from the cluster DNS upstream.
+func (v *verifier) addViaUpstream(server netip.Addr, target string, ok bool, format string, args ...any) {
+	v.add("answer", target, ok, format, args...)
+	r := &v.results[len(v.results)-1]
+	r.viaUpstream, r.server = true, server
+}
+
 // answered checks that name gets an answer from upstream: NOERROR or NXDOMAIN, not SERVFAIL or REFUSED.
-func (v *verifier) answered(ctx context.Context, server netip.AddrPort, what, name string, qtype uint16) {
+// viaUpstream says that the upstream is the cluster DNS.
+func (v *verifier) answered(ctx context.Context, server netip.AddrPort, what, name string, qtype uint16, viaUpstream bool) {
 	target := fmt.Sprintf("%s %s %s", server.Addr(), dns.Fqdn(name), dns.TypeToString[qtype])
+	add := v.add
+	if viaUpstream {
+		add = func(_, target string, ok bool, format string, args ...any) {
+			v.addViaUpstream(server.Addr(), target, ok, format, args...)
+		}
+	}
 	r, err := v.lookup(ctx, "udp", server, name, qtype)
 	switch {
 	case err != nil:
-		v.add("answer", target, false, "%s: %v", what, err)
+		add("answer", target, false, "%s: %v", what, err)
 	case r.Rcode != dns.RcodeSuccess && r.Rcode != dns.RcodeNameError:
-		v.add("answer", target, false, "%s: %s", what, dns.RcodeToString[r.Rcode])
+		add("answer", target, false, "%s: %s", what, dns.RcodeToString[r.Rcode])
 	default:
 		detail := strings.Join(answers(r, qtype), ", ")
 		if detail == "" {
 			detail = dns.RcodeToString[r.Rcode] + ", no records"
 		}
-		v.add("answer", target, true, "%s: %s", what, detail)
+		add("answer", target, true, "%s: %s", what, detail)
 	}
 }
 
@@ -441,6 +524,9 @@ func (v *verifier) lookup(ctx context.Context, network string, server netip.Addr
 	m.SetEdns0(1232, false)
 	c := &dns.Client{Net: network, Timeout: v.timeout}
 	r, _, err := c.ExchangeWithConnContext(ctx, m, &dns.Conn{Conn: conn})
+	if err == nil {
+		v.answeredOn[server.Addr()] = true
+	}
 	if local, ok := conn.LocalAddr().(*net.UDPAddr); ok && err == nil {
 		// An answered lookup went through the whole path, both ways: it is the one conntrack must not know.
 		v.lookups = append(v.lookups, netip.AddrPortFrom(server.Addr(), uint16(local.Port)))

@@ -41,7 +41,18 @@ func TestVerifyOnSimulatedNode(t *testing.T) {
 	}
 }
 
-func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, breakHook [][]string) {
+// verifyNode is a simulated node running node-cache as the iptables manifest's DaemonSet runs it, with the
+// cluster DNS, the node's resolver and a kube-dns ConfigMap with one stub domain.
+type verifyNode struct {
+	*simnode.Node
+	binary, localIP, kubeDNS string
+	conf                     string   // the Corefile the cache serves
+	env                      []string // the cache's environment, as its container has it
+	clusterDNS, cache        *simnode.Process
+}
+
+func startVerifyNode(t *testing.T, mode simnode.KubeProxyMode) *verifyNode {
+	t.Helper()
 	n := simnode.NewWithMode(t, mode)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	binary, err := simnode.BuildNodeCache(ctx, t.TempDir())
@@ -49,7 +60,7 @@ func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, br
 	if err != nil {
 		t.Fatal(err)
 	}
-	startClusterDNSWithReverse(t, n, binary)
+	clusterDNS := startClusterDNSWithReverse(t, n, binary)
 	n.StartExternalResolver(binary)
 
 	netnsDir := filepath.Join("/etc/netns", n.NodeNS)
@@ -81,6 +92,11 @@ func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, br
 			_ = cache.Wait(10 * time.Second)
 		}
 	})
+	t.Cleanup(func() {
+		if !clusterDNS.Exited() {
+			_ = clusterDNS.Signal(syscall.SIGCONT)
+		}
+	})
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(cache.Output(), "plugin/notrack: rules in place for") {
 		if cache.Exited() || time.Now().After(deadline) {
@@ -91,20 +107,35 @@ func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, br
 	if err := n.WaitForDNS(n.NodeNS, "udp", net.JoinHostPort(simnode.LinkLocalIP, "53"), "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	return &verifyNode{Node: n, binary: binary, localIP: localIP, kubeDNS: kubeDNS, conf: conf, env: env, clusterDNS: clusterDNS, cache: cache}
+}
 
+// verify runs node-cache -verify on the node, with the cache's environment (as kubectl exec into its
+// container does), and returns the table and the exit status.
+func (n *verifyNode) verify(t *testing.T, extra ...string) (string, int) {
+	t.Helper()
+	args := append([]string{"netns", "exec", n.NodeNS, n.binary, "-verify", "-localip", n.localIP, "-kubednscm", n.kubeDNS,
+		"-conf", n.conf, "-verify.external", "www.example.org"}, extra...)
+	cmd := exec.Command("ip", args...)
+	cmd.Env = n.env
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &exit):
+		return string(out), exit.ExitCode()
+	}
+	t.Fatalf("running -verify: %v: %s", err, out)
+	return "", 0
+}
+
+func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, breakHook [][]string) {
+	vn := startVerifyNode(t, mode)
+	n, cache := vn.Node, vn.cache
 	verify := func(extra ...string) (string, int) {
 		t.Helper()
-		args := append([]string{"-verify", "-localip", localIP, "-kubednscm", kubeDNS, "-verify.external", "www.example.org"}, extra...)
-		out, err := n.In(context.Background(), n.NodeNS, binary, args...)
-		var exit *exec.ExitError
-		switch {
-		case err == nil:
-			return out, 0
-		case errors.As(err, &exit):
-			return out, exit.ExitCode()
-		}
-		t.Fatalf("running -verify: %v", err)
-		return "", 0
+		return vn.verify(t, extra...)
 	}
 
 	out, code := verify()
@@ -128,6 +159,7 @@ func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, br
 	expectRow(t, out, "fail-open", "", "ok")
 	expectRow(t, out, "ready", ":8181/ready", "ok")
 	expectRow(t, out, "health", ":8080/health", "ok")
+	expectRow(t, out, "upstream", "kube-dns-upstream at "+simnode.UpstreamClusterIP+":53", "ok")
 
 	// Without the hook of the node's own traffic, its lookups are tracked again.
 	for _, cmd := range breakHook {
@@ -164,11 +196,106 @@ func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, br
 	expectRow(t, out, "address", simnode.LinkLocalIP, "ok")
 }
 
+// TestVerifyClusterDNSOutage runs -verify on a healthy node cache while the cluster DNS behind
+// kube-dns-upstream is hung (SIGSTOP), then gone (SIGKILL). The upstream row fails and names
+// kube-dns-upstream and its address; the cache's own rows pass; answers for cluster names the cache does not
+// hold are marked UPSTREAM, not FAIL, and the one it holds is served; -verify exits 3, not 1.
+func TestVerifyClusterDNSOutage(t *testing.T) {
+	vn := startVerifyNode(t, simnode.IPTablesMode)
+	out, code := vn.verify(t)
+	t.Logf("healthy node:\n%s", out)
+	if code != 0 {
+		t.Fatalf("-verify exited %d on a healthy node", code)
+	}
+	// The target is namespace/name when the address comes from the cache's metrics, name alone when a slow
+	// scrape left it to the environment.
+	upstream := "kube-dns-upstream at " + simnode.UpstreamClusterIP + ":53"
+
+	expectOutage := func(out string, code int, name string, cached bool) {
+		t.Helper()
+		if code != exitUpstreamUnreachable {
+			t.Errorf("-verify exited %d, want %d (the upstream's failure)", code, exitUpstreamUnreachable)
+		}
+		expectRow(t, out, "upstream", upstream, "FAIL")
+		if !strings.Contains(out, upstream+" does not answer this node; the node cache's own checks passed") {
+			t.Errorf("the summary does not put the failure on %s", upstream)
+		}
+		clusterRows := "UPSTREAM"
+		if cached {
+			clusterRows = "ok"
+		}
+		for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
+			expectRow(t, out, "address", ip, "ok")
+			expectRow(t, out, "answer", ip+" "+name+" A/udp", clusterRows)
+			expectRow(t, out, "answer", ip+" "+name+" A/tcp", clusterRows)
+			expectRow(t, out, "answer", ip+" www.example.org. A", "ok")
+			expectRow(t, out, "answer", ip+" corp.example. A", "ok")
+			expectRow(t, out, "conntrack", ip, "ok")
+			if !cached {
+				expectRow(t, out, "answer", ip+" reverse", "UPSTREAM")
+			}
+		}
+		expectRow(t, out, "link", "nodelocaldns", "ok")
+		expectRow(t, out, "rules", "IPv4 raw/NODELOCALDNS", "ok")
+		expectRow(t, out, "fail-open", "", "ok")
+		expectRow(t, out, "ready", ":8181/ready", "ok")
+		expectRow(t, out, "health", ":8080/health", "ok")
+		for _, r := range tableRows(out) {
+			if r.result == "FAIL" && r.check != "upstream" {
+				t.Errorf("row %s %s fails: only the upstream row may", r.check, r.target)
+			}
+		}
+	}
+
+	// Hung: connections are accepted, nothing answers. A name the cache never asked for times out.
+	if err := vn.clusterDNS.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	out, code = vn.verify(t, "-verify.name", "web.default.svc.cluster.local")
+	t.Logf("cluster DNS hung:\n%s", out)
+	expectOutage(out, code, "web.default.svc.cluster.local", false)
+
+	// Gone: connections are refused. The name asked on the healthy node is served from the cache; a new
+	// one gets SERVFAIL.
+	if err := vn.clusterDNS.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = vn.clusterDNS.Wait(10 * time.Second) // killed; its exit status is "signal: killed"
+	if !vn.clusterDNS.Exited() {
+		t.Fatal("the cluster DNS did not exit on SIGKILL")
+	}
+	out, code = vn.verify(t)
+	t.Logf("cluster DNS gone:\n%s", out)
+	expectOutage(out, code, "kubernetes.default.svc.cluster.local", true)
+	expectRow(t, out, "answer", simnode.LinkLocalIP+" 1.0.96.10.in-addr.arpa. PTR", "ok")
+
+	out, code = vn.verify(t, "-verify.name", "kube-dns.kube-system.svc.cluster.local")
+	t.Logf("cluster DNS gone, a name the cache does not hold:\n%s", out)
+	expectOutage(out, code, "kube-dns.kube-system.svc.cluster.local", false)
+	if !strings.Contains(out, "SERVFAIL") {
+		t.Errorf("no answer row shows the cache's SERVFAIL")
+	}
+}
+
+// tableRow is one row of the -verify table.
+type tableRow struct{ check, target, result string }
+
+var tableRowRE = regexp.MustCompile(`(?m)^(\S+)\s+(\S.*?)\s+(ok|FAIL|UPSTREAM)\s`)
+
+// tableRows parses the -verify table.
+func tableRows(table string) []tableRow {
+	var rows []tableRow
+	for _, m := range tableRowRE.FindAllStringSubmatch(table, -1) {
+		rows = append(rows, tableRow{m[1], m[2], m[3]})
+	}
+	return rows
+}
+
 // expectRow fails the test unless the -verify table has exactly one row of check whose target contains
 // target, with result.
 func expectRow(t *testing.T, table, check, target, result string) {
 	t.Helper()
-	row := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(check) + `\s+(\S.*?)\s+(ok|FAIL)\s`)
+	row := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(check) + `\s+(\S.*?)\s+(ok|FAIL|UPSTREAM)\s`)
 	var found []string
 	for _, m := range row.FindAllStringSubmatch(table, -1) {
 		if strings.Contains(m[1], target) {
@@ -182,7 +309,7 @@ func expectRow(t *testing.T, table, check, target, result string) {
 
 // startClusterDNSWithReverse runs the cluster-DNS Pod as simnode does, and also answers PTR queries for
 // the Service range, as the kubernetes plugin does.
-func startClusterDNSWithReverse(t *testing.T, n *simnode.Node, binary string) {
+func startClusterDNSWithReverse(t *testing.T, n *simnode.Node, binary string) *simnode.Process {
 	t.Helper()
 	dir := t.TempDir()
 	zone := filepath.Join(dir, "cluster.local.db")
@@ -203,4 +330,5 @@ in-addr.arpa:53 {
 	if err := n.WaitForDNS(n.DNSNS, "udp", net.JoinHostPort(simnode.ClusterDNSPodIP, "53"), "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
 		t.Fatalf("cluster DNS: %v\n%s", err, p.Output())
 	}
+	return p
 }

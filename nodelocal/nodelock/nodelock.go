@@ -2,7 +2,7 @@
 //
 // Two caches that both rewrite the same chains and addresses would undo each other's work forever. The
 // owner holds an exclusive flock on a file under /run and writes who it is into it; a second process fails
-// at once with an error that names the first. The kernel drops the lock when the owner exits, however it
+// at once with an error that names the first, or queues in the same file to succeed it (see Queue). The kernel drops the lock when the owner exits, however it
 // exits, so a crash leaves nothing to clean up. In a container, the file must be on a hostPath volume
 // shared by every instance on the node, or each would lock its own copy.
 package nodelock

@@ -20,15 +20,25 @@ const GuardChain = "NODELOCALDNS-GUARD"
 // GuardComment starts the comment of every guard rule.
 const GuardComment = "nodelocaldns-guard"
 
-// Divert sends DNS traffic for a local address of the cache to another address, the kube-dns-upstream
-// Service's ClusterIP, while the guard has failed open.
+// Divert sends DNS traffic for a local address of the cache to the cluster DNS, the kube-dns-upstream
+// Service, while the node has failed open: with a DNAT to the Service's ClusterIP where that is an address
+// of the node (kube-proxy's IPVS mode), or through kube-proxy's own chains of the Service (iptables mode).
 type Divert struct {
 	// From is the cache's local address (the link-local one, which no kube-proxy rule serves).
 	From netip.Addr
-	// To is where its traffic goes instead; same family as From.
+	// To is the kube-dns-upstream ClusterIP; same family as From.
 	To netip.Addr
 	// Port is the DNS port of both; 53 when zero.
 	Port uint16
+	// Via are kube-proxy's chains of the Service's DNS port (iptables mode; see
+	// Manager.KubeProxyServiceChains). A protocol with a chain jumps there: the chain picks an endpoint
+	// and DNATs to it, as it does for the ClusterIP, so no DNAT to the ClusterIP (which would end the nat
+	// table's walk before kube-proxy saw the packet) is needed. A protocol without one is DNATed to To.
+	Via []ServiceChain
+	// MarkMasq marks the host's own lookups of From (their source is From itself) for kube-proxy's
+	// masquerading, so that a cluster-DNS Pod on another node can answer them. Set it only where
+	// KUBE-MARK-MASQ exists.
+	MarkMasq bool
 }
 
 // Guard builds the guard's ruleset for one family: a chain in the nat table, hooked from PREROUTING (Pods)
@@ -59,13 +69,24 @@ func Guard(fam Family, diverts []Divert) Ruleset {
 			port = 53
 		}
 		dest := netip.AddrPortFrom(to, port).String()
+		fromNet := netip.PrefixFrom(from, from.BitLen()).String()
 		for _, proto := range []string{string(UDP), string(TCP)} {
-			c.Rules = append(c.Rules, Rule{
-				"-d", netip.PrefixFrom(from, from.BitLen()).String(),
-				"-p", proto, "-m", proto, "--dport", strconv.Itoa(int(port)),
-				"-m", "comment", "--comment", fmt.Sprintf("%s: %s %s/%d to %s", GuardComment, from, proto, port, to),
-				"-j", "DNAT", "--to-destination", dest,
-			})
+			match := Rule{"-d", fromNet, "-p", proto, "-m", proto, "--dport", strconv.Itoa(int(port))}
+			i := slices.IndexFunc(d.Via, func(sc ServiceChain) bool { return string(sc.Protocol) == proto })
+			if i < 0 {
+				c.Rules = append(c.Rules, append(match,
+					"-m", "comment", "--comment", fmt.Sprintf("%s: %s %s/%d to %s", GuardComment, from, proto, port, to),
+					"-j", "DNAT", "--to-destination", dest))
+				continue
+			}
+			if d.MarkMasq {
+				c.Rules = append(c.Rules, append(Rule{"-s", fromNet}, append(slices.Clone(match),
+					"-m", "comment", "--comment", fmt.Sprintf("%s: masquerade host lookups of %s %s/%d", GuardComment, from, proto, port),
+					"-j", KubeMarkMasqChain)...))
+			}
+			c.Rules = append(c.Rules, append(match,
+				"-m", "comment", "--comment", fmt.Sprintf("%s: %s %s/%d to %s through kube-proxy", GuardComment, from, proto, port, to),
+				"-j", d.Via[i].Chain))
 		}
 	}
 	chains := make([]Chain, 0, 1+len(GuardMarks))

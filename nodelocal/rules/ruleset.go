@@ -223,6 +223,10 @@ type NodeCacheSpec struct {
 	Comment string
 	// Endpoints are the served addresses and ports; those of other families are ignored.
 	Endpoints []Endpoint
+	// RepliesOnly leaves the raw chain only the rules for packets from the endpoints: the cache's answers
+	// skip connection tracking, queries do not, so that kube-proxy and a divert see every new query while
+	// the cache answers what it has (see nodelocal.Reconciler.HandOver).
+	RepliesOnly bool
 }
 
 // NodeCache builds the rules of a node-local DNS cache for one family.
@@ -248,9 +252,10 @@ func NodeCache(fam Family, spec NodeCacheSpec) Ruleset {
 		if FamilyOf(e.Addr) != fam {
 			continue
 		}
-		raw.Rules = append(raw.Rules,
-			endpointRule("-d", "--dport", e, comment, "NOTRACK"),
-			endpointRule("-s", "--sport", e, comment, "NOTRACK"))
+		if !spec.RepliesOnly {
+			raw.Rules = append(raw.Rules, endpointRule("-d", "--dport", e, comment, "NOTRACK"))
+		}
+		raw.Rules = append(raw.Rules, endpointRule("-s", "--sport", e, comment, "NOTRACK"))
 		filter.Rules = append(filter.Rules,
 			endpointRule("-d", "--dport", e, comment, "ACCEPT"),
 			endpointRule("-s", "--sport", e, comment, "ACCEPT"))

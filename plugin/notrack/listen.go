@@ -2,7 +2,6 @@ package notrack
 
 import (
 	"fmt"
-	"net"
 
 	"github.com/coredns/coredns/plugin/pkg/reuseport"
 )
@@ -13,7 +12,8 @@ import (
 // without any shutdown callback.
 func checkListen(dns, tcp []string) error {
 	for _, a := range tcp {
-		l, err := net.Listen("tcp", a)
+		// With SO_REUSEPORT, as health, ready and prometheus listen: a successor listens beside its owner.
+		l, err := reuseport.Listen("tcp", a)
 		if err != nil {
 			return fmt.Errorf("cannot listen on %s/tcp: %w", a, err)
 		}

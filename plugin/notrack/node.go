@@ -49,6 +49,8 @@ type node struct {
 
 	// probe keeps the probe exemption in place while this process probes its own addresses.
 	probe *nodelocal.ProbeExemption
+
+	handoff handoffState
 }
 
 func (n *node) lifeContext() context.Context {
@@ -95,8 +97,18 @@ func (n *node) start(in *instance) error {
 		log.Infof("no_interface and no_rules: leaving the addresses and the rules to others")
 		return nil
 	}
+	if n.handoff.successor != nil || n.handoff.handedOff {
+		// A reload while the node changes hands: the owner's leases are taken over as a whole (succeed,
+		// retakeIfOrphaned), or not at all.
+		n.live[in] = struct{}{}
+		n.settings = in.settings
+		return nil
+	}
 	if n.rec == nil {
 		rec, err := nodelocal.New(in.settings.reconcilerConfig())
+		if err != nil && first && nodelocal.KindOf(err) == nodelocal.KindNodeLock {
+			return n.startAsSuccessor(in, err)
+		}
 		if err != nil {
 			countSetupError(err)
 			return fmt.Errorf("set up the node: %w", err)
@@ -124,6 +136,9 @@ func (n *node) start(in *instance) error {
 	n.live[in] = struct{}{}
 	n.settings = in.settings
 	n.ensureRepairLoop(life)
+	if first {
+		n.watchSuccessor(life)
+	}
 	n.updateGauges()
 	if n.settings.NoRules {
 		return nil

@@ -17,6 +17,9 @@ const enableTimeout = 30 * time.Second
 
 // ready reports whether the block's rules are in place (or left to others) and the last sync succeeded.
 func (n *node) ready(b *block) bool {
+	if n.handoff.successorQueued.Load() {
+		return false
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(n.live) == 0 {

@@ -93,6 +93,9 @@ type nodeOptions struct {
 	noInterface  setting[bool]
 	noRules      setting[bool]
 	skipTeardown setting[bool]
+	// handover holds the upstream addresses, space separated; set when the property is given.
+	handover setting[string]
+	service  setting[string]
 }
 
 func (o *nodeOptions) merge(other nodeOptions) error {
@@ -104,6 +107,8 @@ func (o *nodeOptions) merge(other nodeOptions) error {
 		o.noInterface.merge("no_interface", other.noInterface),
 		o.noRules.merge("no_rules", other.noRules),
 		o.skipTeardown.merge("skip_teardown", other.skipTeardown),
+		o.handover.merge("handover", other.handover),
+		o.service.merge("service", other.service),
 	} {
 		if err != nil {
 			return err
@@ -115,13 +120,16 @@ func (o *nodeOptions) merge(other nodeOptions) error {
 // settings resolves the options into what the process runs with, defaults filled in.
 func (o nodeOptions) settings() nodeSettings {
 	s := nodeSettings{
-		Interface:    nodelocal.DefaultInterface,
-		Sync:         defaultSync,
-		Backend:      defaultBackend,
-		Lock:         nodelocal.DefaultLockPath,
-		NoInterface:  o.noInterface.val,
-		NoRules:      o.noRules.val,
-		SkipTeardown: o.skipTeardown.val,
+		Interface:        nodelocal.DefaultInterface,
+		Sync:             defaultSync,
+		Backend:          defaultBackend,
+		Lock:             nodelocal.DefaultLockPath,
+		NoInterface:      o.noInterface.val,
+		NoRules:          o.noRules.val,
+		SkipTeardown:     o.skipTeardown.val,
+		Handover:         o.handover.set,
+		HandoverUpstream: o.handover.val,
+		ServiceAddresses: o.service.val,
 	}
 	if o.iface.set {
 		s.Interface = o.iface.val
@@ -147,6 +155,12 @@ type nodeSettings struct {
 	NoInterface  bool
 	NoRules      bool
 	SkipTeardown bool
+	// Handover hands the node to the cluster DNS at exit instead of tearing it down: the addresses that are
+	// not ServiceAddresses are diverted to the kube-dns-upstream Service at HandoverUpstream (space-separated
+	// addresses, one per family); ServiceAddresses are the kube-dns ClusterIPs among the addresses.
+	Handover         bool
+	HandoverUpstream string
+	ServiceAddresses string
 }
 
 // managesNothing is true when the link and the rules are both left to others.
@@ -256,6 +270,25 @@ func parse(c *caddy.Controller) (options, error) {
 					path = filepath.Join(root, path)
 				}
 				o.node.lock = setting[string]{filepath.Clean(path), true, where}
+			case "handover", "service":
+				if property == "service" && len(args) == 0 {
+					return o, c.ArgErr()
+				}
+				var addrs []string
+				for _, arg := range args {
+					a, err := parseAddress(arg)
+					if err != nil {
+						return o, c.Errf("%s: %v", property, err)
+					}
+					addrs = append(addrs, a.String())
+				}
+				slices.Sort(addrs)
+				v := setting[string]{strings.Join(slices.Compact(addrs), " "), true, where}
+				if property == "handover" {
+					o.node.handover = v
+				} else {
+					o.node.service = v
+				}
 			case "no_interface", "no_rules", "skip_teardown":
 				if len(args) != 0 {
 					return o, c.ArgErr()

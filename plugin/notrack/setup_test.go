@@ -51,8 +51,27 @@ func TestSetup(t *testing.T) {
 		}`, listen: bound, addrs: []netip.Addr{clusterIP, linkLocal}, wantPort: 53, extra: []uint16{8080, 8081, 9253},
 			settings: nodeSettings{Interface: "nl0", Sync: 30 * time.Second, Backend: "legacy", Lock: "/tmp/nodelocaldns.lock",
 				NoInterface: true, NoRules: true, SkipTeardown: true}},
+		{input: `notrack {
+			handover 10.96.0.11 fd00::b
+			service 10.96.0.10
+		}`, listen: bound, addrs: []netip.Addr{clusterIP, linkLocal}, wantPort: 53,
+			settings: nodeSettings{Interface: "nodelocaldns", Sync: time.Minute, Backend: "auto", Lock: "/run/nodelocaldns.lock",
+				Handover: true, HandoverUpstream: "10.96.0.11 fd00::b", ServiceAddresses: "10.96.0.10"}},
+		{input: `notrack {
+			handover
+		}`, listen: bound, addrs: []netip.Addr{clusterIP, linkLocal}, wantPort: 53,
+			settings: nodeSettings{Interface: "nodelocaldns", Sync: time.Minute, Backend: "auto", Lock: "/run/nodelocaldns.lock", Handover: true}},
 
 		// bad
+		{input: `notrack {
+			handover 10.96.0.0/12
+		}`, listen: bound, err: "handover: \"10.96.0.0/12\" is not an IP address"},
+		{input: `notrack {
+			service
+		}`, listen: bound, err: "Wrong argument count"},
+		{input: `notrack {
+			service 0.0.0.0
+		}`, listen: bound, err: "service: 0.0.0.0 cannot be a local DNS address"},
 		{input: `notrack`, listen: nil, err: "listens on every address"},
 		{input: `notrack`, listen: []string{"::"}, err: "listens on every address"},
 		{input: `notrack`, listen: []string{}, err: "listens on no address"},

@@ -18,8 +18,9 @@ const (
 	linkTeardownTimeout = time.Second
 )
 
-// finalShutdown removes the rules, then the addresses and the link (unless skip_teardown), within
-// teardownTimeout plus linkTeardownTimeout whatever else is shutting down. It runs from the first of: the
+// finalShutdown hands the node over (to a successor that owns it already, or with handover to the cluster
+// DNS; see handoff.go), or removes the rules, then the addresses and the link (unless skip_teardown), within
+// teardownTimeout plus linkTeardownTimeout whatever else is shutting down (a drain adds drainTimeout). It runs from the first of: the
 // shutdown event (emitted before any shutdown callback), the last instance's OnShutdown, OnFinalShutdown.
 func (n *node) finalShutdown(reason string) error {
 	n.stopLife() // ends probes and repairs, killing any iptables they run, so that mu is free soon
@@ -28,6 +29,7 @@ func (n *node) finalShutdown(reason string) error {
 	for in := range n.live {
 		in.cancel()
 	}
+	endpoints := n.liveEndpoints()
 	clear(n.live)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
@@ -35,6 +37,9 @@ func (n *node) finalShutdown(reason string) error {
 	var errs []error
 	if n.probe.Active() {
 		errs = append(errs, n.probe.RemoveAll(ctx))
+	}
+	if n.leaveToSuccessor(ctx, reason, endpoints) {
+		return errors.Join(errs...)
 	}
 	if n.rec == nil {
 		err := errors.Join(errs...)
@@ -45,6 +50,11 @@ func (n *node) finalShutdown(reason string) error {
 		return err
 	}
 	name := n.settings.Interface
+	if h, ok := n.settings.handoverConfig(); ok && !n.settings.NoRules && n.handOverAtExit(reason, h, endpoints) {
+		n.closeLocked()
+		n.rulesLogged = false
+		return errors.Join(errs...)
+	}
 	if n.settings.SkipTeardown {
 		log.Infof("%s: skip_teardown: leaving the rules and the addresses on %s in place", reason, name)
 		if err := errors.Join(errs...); err != nil {

@@ -191,6 +191,9 @@ func ask(c *dns.Client, server, name string) (net.IP, error) {
 	return a.A, nil
 }
 
+// waitLimit bounds the tests' waits for evidence: a failure bound for a busy machine, not an expectation.
+const waitLimit = time.Minute
+
 // waitFor polls cond every 20ms until it holds or limit passes.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -262,55 +265,4 @@ func settledGoroutines(want int, limit time.Duration) int {
 		n = pluginGoroutines()
 	}
 	return n
-}
-
-// watchProbe is a follower that records every view its watch publishes.
-type watchProbe struct {
-	mu    sync.Mutex
-	views []serviceView
-	seen  chan struct{} // receives after each view, without blocking the watch
-}
-
-func (p *watchProbe) follow(v serviceView) {
-	p.mu.Lock()
-	p.views = append(p.views, v)
-	p.mu.Unlock()
-	select {
-	case p.seen <- struct{}{}:
-	default:
-	}
-}
-
-// followWatch subscribes a probe to the instance's watch of key.
-func followWatch(t *testing.T, inst *caddy.Instance, key watchKey) *watchProbe {
-	t.Helper()
-	inst.StorageMu.RLock()
-	w, ok := inst.Storage[key].(*serviceWatch)
-	inst.StorageMu.RUnlock()
-	if !ok {
-		t.Fatalf("the instance has no watch for %+v", key)
-	}
-	p := &watchProbe{seen: make(chan struct{}, 1)}
-	w.subscribe(p)
-	t.Cleanup(func() { w.unsubscribe(p) })
-	return p
-}
-
-// waitFor waits until the probe has been handed a view for which cond holds; limit only bounds a failure.
-func (p *watchProbe) waitFor(t *testing.T, limit time.Duration, what string, cond func(serviceView) bool) {
-	t.Helper()
-	timeout := time.After(limit)
-	for {
-		p.mu.Lock()
-		found := slices.ContainsFunc(p.views, cond)
-		p.mu.Unlock()
-		if found {
-			return
-		}
-		select {
-		case <-p.seen:
-		case <-timeout:
-			t.Fatalf("the watch published no view with %s within %s", what, limit)
-		}
-	}
 }

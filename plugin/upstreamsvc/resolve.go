@@ -112,6 +112,17 @@ func portEnvVar(service string) string {
 	return envPrefix(service) + "_SERVICE_PORT_" + envPrefix(dnsTCPPortName)
 }
 
+// EnvAddress is the address (HOST:PORT) the plugin takes from the pod's environment for service, read with
+// lookup (os.LookupEnv): what it forwards to when the API gives none. found is false when the host variable
+// is unset or empty; a value that is not an IP address is an error.
+func EnvAddress(service string, lookup func(string) (string, bool)) (addr string, found bool, err error) {
+	set, found, err := (&Config{Service: service}).envSet(lookup)
+	if !found || err != nil {
+		return "", found, err
+	}
+	return set.addrs[0], true, nil
+}
+
 // envSet reads the Service's address from the variables Kubernetes injected when the pod started.
 // found is false when the host variable is unset or empty; a value that is not an IP is an error,
 // so a broken pod spec never turns into an upstream like "<nil>:53".

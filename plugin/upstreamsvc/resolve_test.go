@@ -69,3 +69,24 @@ func TestEnvVarNames(t *testing.T) {
 		t.Errorf("portEnvVar = %s", got)
 	}
 }
+
+func TestEnvAddress(t *testing.T) {
+	tests := []struct {
+		env       map[string]string
+		want      string
+		wantFound bool
+		wantErr   bool
+	}{
+		{env: map[string]string{}},
+		{env: map[string]string{"KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11"}, want: "10.96.0.11:53", wantFound: true},
+		{env: map[string]string{"KUBE_DNS_UPSTREAM_SERVICE_HOST": "fd00::11", "KUBE_DNS_UPSTREAM_SERVICE_PORT_DNS_TCP": "5353"},
+			want: "[fd00::11]:5353", wantFound: true},
+		{env: map[string]string{"KUBE_DNS_UPSTREAM_SERVICE_HOST": "<nil>"}, wantErr: true},
+	}
+	for _, tc := range tests {
+		got, found, err := EnvAddress("kube-dns-upstream", func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+		if got != tc.want || found != tc.wantFound || (err != nil) != tc.wantErr {
+			t.Errorf("EnvAddress with %v = %q, %v, %v; want %q, %v, error %v", tc.env, got, found, err, tc.want, tc.wantFound, tc.wantErr)
+		}
+	}
+}

@@ -154,7 +154,7 @@ func TestFailFastWhileUpstreamDown(t *testing.T) {
 		t.Fatalf("first query of the outage: rcode %d, err %v, reply %v; want SERVFAIL with an error", rcode, err, m)
 	}
 	current := u.current.Load()
-	waitFor(t, 10*time.Second, "the upstream's health checks to fail", current.down)
+	waitFor(t, waitLimit, "the upstream's health checks to fail", current.down)
 
 	before := counterSum(failFasts)
 	m, rcode, err := serve("unknown.example.org.")
@@ -173,7 +173,7 @@ func TestFailFastWhileUpstreamDown(t *testing.T) {
 		t.Fatalf("restarting the upstream on %s: %v", addr, err)
 	}
 	defer back.Close()
-	waitFor(t, 10*time.Second, "a health check to succeed", func() bool { return !current.down() })
+	waitFor(t, waitLimit, "a health check to succeed", func() bool { return !current.down() })
 	if m, _, err := serve("after.example.org."); err != nil || m == nil || len(m.Answer) != 1 {
 		t.Errorf("after the outage: %v, %v", m, err)
 	}

@@ -306,14 +306,15 @@ func TestStepsAsideForPluginsThatSeeEveryQuery(t *testing.T) {
 	}
 }
 
-// clampZone has TTLs of 5 seconds, so a test sees a wirecache entry count below clamp's MIN of 4 within seconds.
+// clampZone has TTLs of 30 seconds, with clamp's MIN at 29, so a test sees a wirecache entry count below the
+// MIN within two seconds, and the entry still lives long after that however busy the machine is.
 // Names under in.example.org are in clamp's zones, www.example.org is not.
 const clampZone = `$ORIGIN example.org.
-@          5 IN SOA   ns hostmaster 1 7200 3600 1209600 5
-@          5 IN NS    ns
-ns         5 IN A     192.0.2.53
-www        5 IN A     192.0.2.1
-www.in     5 IN A     192.0.2.2
+@          30 IN SOA   ns hostmaster 1 7200 3600 1209600 30
+@          30 IN NS    ns
+ns         30 IN A     192.0.2.53
+www        30 IN A     192.0.2.1
+www.in     30 IN A     192.0.2.2
 `
 
 // TestServerHitsKeepClampWindow runs plugin.cfg's order with wirecache, clamp and cache in one block: a hit
@@ -330,8 +331,8 @@ func TestServerHitsKeepClampWindow(t *testing.T) {
  bind 127.0.0.1
  wirecache
  clamp in.example.org {
-  success 4 5
-  denial 4 5
+  success 29 30
+  denial 29 30
  }
  cache
  forward . 127.0.0.1:%d
@@ -374,20 +375,20 @@ func TestServerHitsKeepClampWindow(t *testing.T) {
 			t.Fatalf("%s: first query answered by wirecache", qu.name)
 		}
 	}
-	// Every entry is stored with TTL 5 and lives 5 s; after 2.5 s a hit counts them down to 3 or less.
+	// Every entry is stored with TTL 30 and lives 30 s; after 2.5 s a hit counts them down to 28 or less.
 	time.Sleep(2500 * time.Millisecond)
 	for _, qu := range questions {
 		ttls, hit := ask(qu)
 		if !hit {
 			t.Fatalf("%s: not answered by wirecache", qu.name)
 		}
-		clampedTTLs := !slices.ContainsFunc(ttls, func(ttl uint32) bool { return ttl != 4 })
-		countedDown := !slices.ContainsFunc(ttls, func(ttl uint32) bool { return ttl >= 4 || ttl == 0 })
+		clampedTTLs := !slices.ContainsFunc(ttls, func(ttl uint32) bool { return ttl != 29 })
+		countedDown := !slices.ContainsFunc(ttls, func(ttl uint32) bool { return ttl >= 29 || ttl == 0 })
 		switch {
 		case qu.clamped && !clampedTTLs:
-			t.Errorf("%s: TTLs %v on a hit, want clamp's MIN 4", qu.name, ttls)
+			t.Errorf("%s: TTLs %v on a hit, want clamp's MIN 29", qu.name, ttls)
 		case !qu.clamped && !countedDown:
-			t.Errorf("%s: TTLs %v on a hit, want them counted down below 4 (outside clamp's zones)", qu.name, ttls)
+			t.Errorf("%s: TTLs %v on a hit, want them counted down below 29 (outside clamp's zones)", qu.name, ttls)
 		}
 	}
 }

@@ -62,6 +62,14 @@ type entry struct {
 	// ttlFloor is the least TTL a hit serves: the MIN of the clamp window the answer belongs to when the
 	// block's clamp applies to it, 0 otherwise. Set before the entry is stored.
 	ttlFloor uint32
+	// rcode is the answer's (NOERROR or NXDOMAIN); metricsZone is the index of the zone the block's
+	// prometheus plugin labels its query with (see metricsZone), set before the entry is stored when hits
+	// are counted in CoreDNS's series.
+	rcode       int
+	metricsZone int
+	// chainLen is the length of the chain's reply as the prometheus plugin measures it (dns.Msg.Len before
+	// the server adds the client's OPT, truncates or compresses it), set with metricsZone.
+	chainLen int
 
 	// optFromChain is set when the chain's answer carried its own OPT record; CoreDNS then keeps that
 	// record's flags (optTTL) instead of echoing the client's.
@@ -112,7 +120,7 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{key: key, qname: mq.Name, stored: now}
+	e := &entry{key: key, qname: mq.Name, stored: now, rcode: m.Rcode}
 	if opt != nil {
 		// The server keeps an OPT the chain wrote, sets the client's payload size, clears the extended
 		// RCODE and version, keeps the flags and adds DO when the client set it. Options would be kept

@@ -53,6 +53,9 @@ type serverMetrics struct {
 	servedStale prometheus.Counter
 	entries     prometheus.Gauge
 	bytes       prometheus.Gauge
+	// core counts hits in CoreDNS's own series; nil when the block's prometheus plugin sees every query or
+	// there is none.
+	core *coreSeries
 }
 
 // held publishes what s holds.
@@ -68,7 +71,9 @@ type serverMetricsSet struct {
 	mu   sync.Mutex // serializes additions to list
 }
 
-func (s *serverMetricsSet) forServer(ctx context.Context) *serverMetrics {
+// forServer returns the metrics of the server handling ctx's query; metricsZones are the block's prometheus
+// zones when hits must be counted in CoreDNS's own series (see coreSeries), nil otherwise.
+func (s *serverMetricsSet) forServer(ctx context.Context, metricsZones []string) *serverMetrics {
 	addr := serverAddr(ctx)
 	if list := s.list.Load(); list != nil {
 		for _, m := range *list {
@@ -95,6 +100,9 @@ func (s *serverMetricsSet) forServer(ctx context.Context) *serverMetrics {
 		servedStale: servedStaleTotal.WithLabelValues(addr),
 		entries:     entriesGauge.WithLabelValues(addr),
 		bytes:       bytesGauge.WithLabelValues(addr),
+	}
+	if metricsZones != nil {
+		m.core = newCoreSeries(addr, metricsZones)
 	}
 	list = append(slices.Clip(list), m)
 	s.list.Store(&list)

@@ -38,6 +38,7 @@ func setup(c *caddy.Controller) error {
 			return plugin.Error(pluginName, fmt.Errorf("server block %q: %w", block, err))
 		}
 		wc.floorer = floorer
+		wc.metricsZones = blockMetricsZones(cfg, dnsserver.Directives)
 		return nil
 	})
 

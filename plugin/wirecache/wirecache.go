@@ -60,6 +60,9 @@ type WireCache struct {
 	// floorer, set at startup when the server block has clamp, gives the least TTL a hit may serve for
 	// each answer stored.
 	floorer ttlFloorer
+	// metricsZones, set at startup when the block's prometheus plugin runs after wirecache, are that plugin's
+	// zones; hits are then counted in CoreDNS's own series too (see coreSeries). Nil otherwise.
+	metricsZones []string
 
 	allZones bool
 	store    *store
@@ -93,21 +96,27 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	if wc.stepAside {
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
-	if !wc.inZones(r) {
-		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
-	}
-	m := wc.metrics.forServer(ctx)
 	var key [keyLen]byte
 	q, n, ok := parseQuery(r, &key)
 	if !ok {
-		m.misses.Inc()
+		if !wc.inZones(r) {
+			return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+		}
+		wc.metrics.forServer(ctx, wc.metricsZones).misses.Inc()
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
 
 	h := wc.store.hash(key[:n])
 	now := wc.now()
+	e := wc.store.get(h, key[:n])
+	// Only answers to queries in the zones are stored, and the zones match names in any case, so a query
+	// that finds an entry is in them: the zones are checked only when none is found.
+	if e == nil && !wc.inZones(r) {
+		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+	}
+	m := wc.metrics.forServer(ctx, wc.metricsZones)
 	var stale *entry
-	if e := wc.store.get(h, key[:n]); e != nil {
+	if e != nil {
 		if !now.Before(e.expires) {
 			if wc.StaleFor > 0 && now.Before(e.expires.Add(wc.StaleFor)) {
 				// Kept until the chain answers: if it fails, this entry answers instead.
@@ -116,7 +125,7 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 				wc.store.remove(h, e)
 				m.held(wc.store)
 			}
-		} else if served, err := wc.serveHit(w, e, &q, now, m); served {
+		} else if served, err := wc.serveHit(w, r, e, &q, now, m); served {
 			return dns.RcodeSuccess, err
 		} else {
 			// The reply needs truncation (or compression that depends on the question's case), which the
@@ -180,7 +189,7 @@ func (wc *WireCache) inZones(r *dns.Msg) bool {
 
 // serveHit writes the reply e gives q and counts the hit, and reports whether it could; it cannot when the
 // reply would need truncation. The error is the one writing to the client returned.
-func (wc *WireCache) serveHit(w dns.ResponseWriter, e *entry, q *query, now time.Time, m *serverMetrics) (bool, error) {
+func (wc *WireCache) serveHit(w dns.ResponseWriter, r *dns.Msg, e *entry, q *query, now time.Time, m *serverMetrics) (bool, error) {
 	state := request.Request{W: w}
 	c := client{tcp: state.Proto() == "tcp", v6: state.Family() == 2}
 
@@ -195,6 +204,12 @@ func (wc *WireCache) serveHit(w dns.ResponseWriter, e *entry, q *query, now time
 	}
 	// Counted before the reply leaves, so whoever sees the reply sees the count.
 	m.hits.Inc()
+	if m.core != nil {
+		m.core.count(&hit{
+			zone: e.metricsZone, tcp: c.tcp, v6: c.v6, do: q.do(), qtype: q.qtype, rcode: e.rcode,
+			reqSize: r.Len(), respSize: e.chainLen, start: now,
+		})
+	}
 	// Both of miekg/dns's transports copy the bytes before Write returns, so the buffer can be reused.
 	if _, err := w.Write(out); err != nil {
 		return true, plugin.Error(pluginName, err)
@@ -234,6 +249,10 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 	} else if m != nil {
 		if e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL); err == nil {
 			e.ttlFloor = r.wc.ttlFloor(m)
+			if r.wc.metricsZones != nil {
+				e.metricsZone = metricsZone(r.wc.metricsZones, r.query.name)
+				e.chainLen = m.Len()
+			}
 			r.entry = e
 			r.wc.store.add(r.hash, e, r.now)
 			r.metrics.held(r.wc.store)

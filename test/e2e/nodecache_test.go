@@ -381,7 +381,7 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 		t.Errorf("dig @%s www.example.com = %q", local, out)
 	}
 	for _, name := range []string{"example.org", "www.example.com"} {
-		if got := simnode.WaitForQueries(e.ext, name, "udp", 1, 2*time.Second); got == 0 {
+		if got := simnode.WaitForQueries(e.ext, name, "udp", 1, 30*time.Second); got == 0 {
 			t.Errorf("the node's resolver never saw %s", name)
 		}
 		if got := simnode.CountQueries(e.clusterDNS.Output(), name, "udp") + simnode.CountQueries(e.clusterDNS.Output(), name, "tcp"); got != 0 {
@@ -412,7 +412,7 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 			t.Errorf("dig @%s %s = %q", server, fresh, out)
 		}
 	}
-	tcp := simnode.WaitForQueries(e.clusterDNS, fresh, "tcp", 1, 2*time.Second)
+	tcp := simnode.WaitForQueries(e.clusterDNS, fresh, "tcp", 1, 30*time.Second)
 	udp := simnode.CountQueries(e.clusterDNS.Output(), fresh, "udp")
 	if udp != 0 || tcp != 1 {
 		t.Errorf("%d lookups of %s reached the cluster DNS %d times over UDP and %d over TCP, want 0 and 1", lookups, fresh, udp, tcp)
@@ -444,7 +444,7 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 	if err := cache.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := cache.Wait(15 * time.Second); err != nil {
+	if err := cache.Wait(30 * time.Second); err != nil { // the kubelet's default grace period
 		t.Errorf("node-cache after SIGTERM: %v", err)
 	}
 	stopped := time.Since(stopping)
@@ -461,7 +461,7 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 	if after < lookups {
 		t.Errorf("cache stopped: %d conntrack entries for %d lookups, want one per lookup at least", after, lookups)
 	}
-	if got := simnode.WaitForQueries(e.clusterDNS, "kubernetes.default.svc.cluster.local", "udp", udpBefore+lookups, 2*time.Second) - udpBefore; got < lookups {
+	if got := simnode.WaitForQueries(e.clusterDNS, "kubernetes.default.svc.cluster.local", "udp", udpBefore+lookups, 30*time.Second) - udpBefore; got < lookups {
 		t.Errorf("cache stopped: the cluster DNS got %d of %d lookups over UDP", got, lookups)
 	}
 

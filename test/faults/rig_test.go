@@ -68,6 +68,15 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
+// eventually bounds the waits for what the node does within a few sync or probe rounds: a failure bound for
+// a busy machine, not an expectation. The times that tell something are logged.
+const eventually = time.Minute
+
+// terminationGrace is how long the kubelet waits after SIGTERM before it SIGKILLs the cache (Kubernetes'
+// default terminationGracePeriodSeconds, which the manifests keep): a cache still running then is killed with
+// its rules in place. Its own teardown is bounded far below this.
+const terminationGrace = 30 * time.Second
+
 // Ports of the metrics listeners, inside the simulated node's namespace.
 const (
 	cacheMetrics = "127.0.0.1:9253"
@@ -88,6 +97,10 @@ type rig struct {
 	clusterDNS *simnode.Process
 	// noCache leaves the cache plugin out of the Corefile: every lookup goes to the cluster DNS.
 	noCache bool
+	// handover makes the cache hand the node to the cluster DNS at exit instead of tearing it down.
+	handover bool
+	// wirecache puts wirecache in front of the cache, as the manifests do: hits cost a fraction of the CPU.
+	wirecache bool
 	// listen are the cache's addresses: the link-local one and the kube-dns ClusterIP (iptables mode),
 	// or the link-local one only (IPVS mode).
 	listen []string
@@ -101,9 +114,20 @@ func newRig(t *testing.T, backend string) *rig {
 // newRigMode is newRig on a node whose kube-proxy runs in mode.
 func newRigMode(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
 	t.Helper()
+	return newRigWith(t, backend, mode, false)
+}
+
+// newRigWith is newRigMode; quiet starts the cluster DNS without its query log, for load.
+func newRigWith(t *testing.T, backend string, mode simnode.KubeProxyMode, quiet bool) *rig {
+	t.Helper()
 	bin := binary(t)
 	n := simnode.NewWithMode(t, mode)
-	clusterDNS := n.StartClusterDNS(bin)
+	var clusterDNS *simnode.Process
+	if quiet {
+		clusterDNS = n.StartQuietClusterDNS(bin)
+	} else {
+		clusterDNS = n.StartClusterDNS(bin)
+	}
 	r := &rig{clusterDNS: clusterDNS, t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
 	r.conf = filepath.Join(r.dir, "Corefile")
 	r.writeCorefile(r.corefile(53))
@@ -115,19 +139,29 @@ func (r *rig) corefile(port int) string {
 	if r.noCache {
 		cache = ""
 	}
+	if r.wirecache && !r.noCache {
+		cache = "wirecache\n    " + cache
+	}
+	handover := ""
+	if r.handover {
+		handover = "\n        handover " + simnode.UpstreamClusterIP
+		if has(r.listen, simnode.KubeDNSClusterIP) {
+			handover += "\n        service " + simnode.KubeDNSClusterIP
+		}
+	}
 	return fmt.Sprintf(`.:%d {
     bind %s
     notrack {
         sync 1s
         backend %s
-        lock %s
+        lock %s%s
     }
     prometheus %s
     errors
     %s
     forward . %s:53
 }
-`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), cacheMetrics, cache, simnode.UpstreamClusterIP)
+`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), handover, cacheMetrics, cache, simnode.UpstreamClusterIP)
 }
 
 func (r *rig) writeCorefile(content string) {
@@ -159,7 +193,7 @@ func (r *rig) startGuard() *simnode.Process {
 		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"),
 		"-metrics-listen-address", guardMetrics)...)
 	r.guard = p
-	r.waitLog(p, "nodelocal guard: watching", 1, 10*time.Second)
+	r.waitLog(p, "nodelocal guard: watching", 1, eventually)
 	return p
 }
 
@@ -410,9 +444,10 @@ func (r *rig) hammer(server string, workers int, d time.Duration, max int64) (ok
 	return ok, failed
 }
 
-// podQuery asks server once from the Pod namespace.
+// podQuery asks server once from the Pod namespace, waiting as long as a Pod's resolver does (glibc's
+// timeout): a lookup answered within it resolved, however busy the machine.
 func (r *rig) podQuery(server string) error {
-	return r.n.Do(r.n.PodNS, func() error { return queryOnce(server, time.Second) })
+	return r.n.Do(r.n.PodNS, func() error { return queryOnce(server, clientTimeout) })
 }
 
 func kill(t *testing.T, p *simnode.Process, sig syscall.Signal) {

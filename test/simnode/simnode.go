@@ -9,12 +9,14 @@
 //
 // In the node namespace, kube-proxy's rules DNAT the kube-dns ClusterIP (10.96.0.10) and the
 // kube-dns-upstream ClusterIP (10.96.0.11) to the cluster-DNS Pod, for Pod traffic (prerouting) and for
-// host-network traffic (output): in iptables mode (IPTablesMode, the default) as KUBE-SERVICES and
-// KUBE-SVC-* chains in the nat table, in nftables mode (NFTablesMode) as kube-proxy's `table ip
-// kube-proxy` with its services chain, service-ips verdict map, per-Service and per-endpoint chains, the
-// masquerading chains and the cluster-ips-check that rejects new connections to a ClusterIP's other ports,
-// and no KUBE-* iptables chain at all. Every address above exists only inside namespaces the test
-// created, and every namespace, file and process is removed in t.Cleanup, also when the test fails.
+// host-network traffic (output): in iptables mode (IPTablesMode, the default) laid out as kube-proxy lays
+// them out (KUBE-SERVICES with a rule per ClusterIP and port commented "NAMESPACE/NAME:PORT cluster IP", a
+// KUBE-SVC-* chain per Service port, a KUBE-SEP-* chain per endpoint, masquerading by mark), in nftables
+// mode (NFTablesMode) as kube-proxy's `table ip kube-proxy` with its services chain, service-ips verdict
+// map, per-Service and per-endpoint chains, the masquerading chains and the cluster-ips-check that rejects
+// new connections to a ClusterIP's other ports, and no KUBE-* iptables chain at all. Every address above
+// exists only inside namespaces the test created, and every namespace, file and process is removed in
+// t.Cleanup, also when the test fails.
 package simnode
 
 import (
@@ -140,19 +142,48 @@ func (n *Node) connect(ns, name, ip, nodeIP string) {
 	n.mustIn(ns, "ip", "route", "add", "default", "via", nodeIP)
 }
 
-// installKubeProxyRules writes nat rules shaped like kube-proxy's iptables mode for the two DNS Services.
+// KubeProxyServiceChains names kube-proxy's chains of the two DNS Services' ports, by Service port and
+// protocol, as kube-proxy's iptables mode names them: a hash of the port's name and protocol (made up here).
+var KubeProxyServiceChains = map[string]string{
+	"kube-system/kube-dns:dns":              "KUBE-SVC-TCOU7JCQXEZGVUNU",
+	"kube-system/kube-dns:dns-tcp":          "KUBE-SVC-ERIFXISQEP7F7OF4",
+	"kube-system/kube-dns-upstream:dns":     "KUBE-SVC-N5IPSSKZ3KE3JVRC",
+	"kube-system/kube-dns-upstream:dns-tcp": "KUBE-SVC-WQZ3LKXWNPLR4YB2",
+}
+
+// installKubeProxyRules writes nat rules shaped like kube-proxy's iptables mode for the two DNS Services:
+// a rule per ClusterIP and port in KUBE-SERVICES, commented "NAMESPACE/NAME:PORT cluster IP", jumping to
+// the Service port's chain, which jumps to the endpoint's chain, which DNATs; masquerading by mark.
 func (n *Node) installKubeProxyRules() {
 	var rules strings.Builder
-	rules.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-KUBEDNS - [0:0]\n")
+	rules.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n")
+	rules.WriteString(":KUBE-SEP-CLUSTERDNSUDP000 - [0:0]\n:KUBE-SEP-CLUSTERDNSTCP000 - [0:0]\n")
+	for _, chain := range KubeProxyServiceChains {
+		fmt.Fprintf(&rules, ":%s - [0:0]\n", chain)
+	}
 	rules.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
 	rules.WriteString("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
-	for _, ip := range []string{KubeDNSClusterIP, UpstreamClusterIP} {
-		for _, proto := range []string{"udp", "tcp"} {
-			fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p %s -m %s --dport 53 -j KUBE-SVC-KUBEDNS\n", ip, proto, proto)
+	rules.WriteString("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n")
+	rules.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n")
+	rules.WriteString("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n")
+	rules.WriteString("-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n")
+	rules.WriteString("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE\n")
+	for _, svc := range []struct{ name, ip string }{{"kube-dns", KubeDNSClusterIP}, {"kube-dns-upstream", UpstreamClusterIP}} {
+		for _, port := range []struct{ name, proto string }{{"dns", "udp"}, {"dns-tcp", "tcp"}} {
+			name := "kube-system/" + svc.name + ":" + port.name
+			chain := KubeProxyServiceChains[name]
+			fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p %s -m comment --comment \"%s cluster IP\" -m %s --dport 53 -j %s\n",
+				svc.ip, port.proto, name, port.proto, chain)
+			fmt.Fprintf(&rules, "-A %s ! -s 10.244.0.0/16 -d %s/32 -p %s -m comment --comment \"%s cluster IP\" -m %s --dport 53 -j KUBE-MARK-MASQ\n",
+				chain, svc.ip, port.proto, name, port.proto)
+			fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s:53\" -j KUBE-SEP-CLUSTERDNS%s000\n",
+				chain, name, ClusterDNSPodIP, strings.ToUpper(port.proto))
 		}
 	}
 	for _, proto := range []string{"udp", "tcp"} {
-		fmt.Fprintf(&rules, "-A KUBE-SVC-KUBEDNS -p %s -m %s -j DNAT --to-destination %s:53\n", proto, proto, ClusterDNSPodIP)
+		sep := "KUBE-SEP-CLUSTERDNS" + strings.ToUpper(proto) + "000"
+		fmt.Fprintf(&rules, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ClusterDNSPodIP)
+		fmt.Fprintf(&rules, "-A %s -p %s -m %s -j DNAT --to-destination %s:53\n", sep, proto, proto, ClusterDNSPodIP)
 	}
 	rules.WriteString("COMMIT\n")
 	cmd := n.command(context.Background(), n.NodeNS, "iptables-restore", "--noflush")
@@ -502,9 +533,21 @@ func (n *Node) StartClusterDNS(binary string) *Process {
 // the start waits for.
 func (n *Node) StartClusterDNSZone(binary, zone string) *Process {
 	n.t.Helper()
+	return n.startClusterDNS(binary, zone, "log")
+}
+
+// StartQuietClusterDNS is StartClusterDNS without the query log, for load: a cluster DNS that answers
+// thousands of lookups a second should not spend its time writing about them.
+func (n *Node) StartQuietClusterDNS(binary string) *Process {
+	n.t.Helper()
+	return n.startClusterDNS(binary, ClusterZone, "")
+}
+
+func (n *Node) startClusterDNS(binary, zone, log string) *Process {
+	n.t.Helper()
 	dir := n.t.TempDir()
 	path := filepath.Join(dir, "cluster.local.db")
-	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    log\n    file %s\n}\n", ClusterDNSPodIP, path)
+	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    %s\n    file %s\n}\n", ClusterDNSPodIP, log, path)
 	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{path: zone}, ClusterDNSPodIP)
 }
 

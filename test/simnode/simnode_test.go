@@ -77,7 +77,7 @@ func testWithoutCache(t *testing.T, mode KubeProxyMode) {
 		t.Errorf("conntrack has %d entries to %s:53, want at least %d (one per lookup):\n%s",
 			len(entries), KubeDNSClusterIP, lookups, strings.Join(entries, "\n"))
 	}
-	if got := WaitForQueries(clusterDNS, "kubernetes.default.svc.cluster.local", "udp", lookups, 2*time.Second); got < lookups {
+	if got := WaitForQueries(clusterDNS, "kubernetes.default.svc.cluster.local", "udp", lookups, 30*time.Second); got < lookups {
 		t.Errorf("cluster DNS saw %d UDP queries, want at least %d", got, lookups)
 	}
 
@@ -102,7 +102,38 @@ func TestExternalResolverAnswersOutsideNames(t *testing.T) {
 	if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != ExternalAnswer {
 		t.Fatalf("answer = %v, want %s", r.Answer, ExternalAnswer)
 	}
-	if got := WaitForQueries(ext, "example.org", "udp", 1, 2*time.Second); got != 1 {
+	if got := WaitForQueries(ext, "example.org", "udp", 1, 30*time.Second); got != 1 {
 		t.Errorf("external resolver logged %d queries for example.org, want 1:\n%s", got, ext.Output())
+	}
+}
+
+// TestLoadCountsEveryLookup runs the Pod-side load client against the cluster DNS through kube-proxy's
+// DNAT, and against an address nobody serves: every lookup is counted, answered or failed.
+func TestLoadCountsEveryLookup(t *testing.T) {
+	n := New(t)
+	n.StartClusterDNS(nodeCache)
+	ctx := context.Background()
+	res, err := n.RunLoad(ctx, n.PodNS, Load{
+		Server: KubeDNSClusterIP + ":53", Name: "kubernetes.default.svc.cluster.local",
+		Rate: 500, Duration: time.Second, Timeout: time.Second, Sockets: 16, SocketReuse: 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-dns ClusterIP: %v", res)
+	if res.Sent != 500 || res.Answered != 500 || res.Failed() != 0 {
+		t.Errorf("through kube-proxy: %v, want 500 answered", res)
+	}
+	// The link-local address is not on the node: the lookups time out (nothing answers) or are refused.
+	res, err = n.RunLoad(ctx, n.PodNS, Load{
+		Server: LinkLocalIP + ":53", Name: "kubernetes.default.svc.cluster.local",
+		Rate: 50, Duration: time.Second, Timeout: 200 * time.Millisecond, Sockets: 4, SocketReuse: 5,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("unserved address: %v", res)
+	if res.Sent != 50 || res.Answered != 0 || res.Failed() != 50 || len(res.Failures) != 50 {
+		t.Errorf("to an address nobody serves: %v, want 50 failed", res)
 	}
 }

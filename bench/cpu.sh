@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# CPU benchmark: queries per second, CPU time per query and latency of a node cache on a simulated node, for
+# the node-cache build as the manifests run it, the same build with upstream node-cache's Corefile, and
+# unbound, in interleaved rounds.
+#
+#   bench/cpu.sh                             # 3 rounds
+#   ROUNDS=5 DURATION=20 bench/cpu.sh
+#
+# The simulated node is bench/simnode.sh's, as test/simnode lays it out: a Pod (10.244.0.2), the node with
+# kube-proxy-style DNAT for the kube-dns ClusterIPs (10.96.0.10 and kube-dns-upstream's 10.96.0.11), a
+# cluster-DNS Pod (10.244.1.2, a node-cache build with templates: svcN.* names have an A record, xN.* names
+# are NXDOMAIN with an SOA) and the node's resolver (192.0.2.53). Every address exists only in those
+# namespaces. The Pod asks 169.254.20.10 over its veth.
+#
+# Variants, each started afresh in the node namespace in every round, in an order that rotates:
+#   shipped   examples/node-cache with the arguments and Corefile of examples/kubernetes/nodelocaldns-iptables.yaml
+#   upstream  the same build and arguments with upstream node-cache's Corefile
+#   unbound   Debian's unbound, forwarding cluster.local to kube-dns-upstream over TCP, TTLs clamped to
+#             5-30 s (5 s negative) as the Corefile does
+# The cache runs on CPU 0 alone (taskset; Go sizes GOMAXPROCS from it, unbound runs one thread); dnsperf and
+# the cluster DNS run on CPU 1. CPU time is the cache's utime+stime from /proc/PID/stat over each dnsperf run.
+#
+# Phases of a run (each query file holds names no earlier phase asked, so a "new" name is a miss):
+#   hits     DURATION s at full speed over HOT names all answered before (A, NOERROR): q/s and CPU µs/query
+#   mixed    DURATION s at full speed: HOT_PERCENT % of queries for the HOT names, the rest for new names, half
+#            of them NXDOMAIN (xN.*): q/s and CPU µs/query
+#   latency  DURATION s of the same mix at RATE q/s: p50 and p99 of dnsperf's per-query latency
+#   misses   DURATION s at MISS_RATE q/s of new names only: CPU µs per miss, and the TCP connections the
+#            cluster DNS accepted during the phase (SYNs counted in its namespace)
+# In the hits and latency phases, dnsperf must see only NOERROR and NXDOMAIN answers and at most 0.1 % of
+# queries lost, or the run fails; in the mixed and misses phases, the queries lost or answered otherwise
+# (SERVFAIL when the upstream exchange failed) are reported ("failed").
+#
+# On a machine shared with other work, NICE=-10 (say) runs the caches, dnsperf and the cluster DNS at that
+# nice level, so that the figures say more about the caches than about the scheduler.
+#
+# NODE_CACHE=PATH measures that build instead of building examples/node-cache as its Dockerfile does;
+# NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build, to measure a change.
+# PERF_DIR=DIR records `perf record -e cpu-clock -g` of the cache over each PERF_PHASE (hits, mixed or misses; default mixed) into DIR
+# (build NODE_CACHE without -s for Go symbols). KEEP=1 keeps the logs. Needs root, iproute2, iptables, dnsperf and unbound (installed with apt-get when missing), go,
+# taskset, 2 CPUs. Kills only the processes it started; removes its namespaces, links and files at exit.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10}
+HOT=${HOT:-1000}
+HOT_PERCENT=${HOT_PERCENT:-90}
+RATE=${RATE:-2000}
+MISS_RATE=${MISS_RATE:-2000}
+MAX_QPS=${MAX_QPS:-100000} # sizes the full-speed query files: no new name repeats below this rate
+VARIANTS=${VARIANTS:-shipped upstream unbound}
+SERVER_CPU=${SERVER_CPU:-0}
+CLIENT_CPU=${CLIENT_CPU:-1}
+NICE=${NICE:-0}
+
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/simnode.sh
+. bench/simnode.sh
+
+die() { echo "cpu bench: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
+for v in ROUNDS DURATION HOT RATE MISS_RATE MAX_QPS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
+done
+[[ $NICE =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
+[[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
+[ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: one for the cache, one for dnsperf and the cluster DNS"
+simnode_require_tools go ip iptables iptables-restore dnsperf unbound taskset
+[ -z "${PERF_DIR:-}" ] || command -v perf >/dev/null || die "PERF_DIR needs perf (Debian package linux-perf)"
+
+work=$(mktemp -d /tmp/cpu-bench.XXXXXX)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    simnode_down
+    [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+simnode_up "nlcpu$$"
+# Counts the TCP connections the cluster DNS accepts.
+in_ns "$ns_dns" iptables -A INPUT -p tcp --dport 53 --syn
+
+if [ -n "${NODE_CACHE:-}" ]; then
+    cp "$NODE_CACHE" "$work/node-cache"
+else
+    echo "building examples/node-cache as its Dockerfile does"
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache" ./examples/node-cache
+fi
+
+if [ -n "${NODE_CACHE_ALT:-}" ]; then
+    cp "$NODE_CACHE_ALT" "$work/node-cache-alt"
+    VARIANTS="$VARIANTS alt"
+fi
+
+# The cluster DNS: svcN.* names exist, xN.* names and other types are NXDOMAIN, with the SOA a negative
+# answer needs to be cached.
+cat >"$work/Corefile.clusterdns" <<EOF
+cluster.local:53 {
+    bind $DNS_POD_IP
+    template IN A cluster.local {
+        match "^svc[0-9]+[.]"
+        answer "{{ .Name }} 30 IN A 10.97.0.1"
+        fallthrough
+    }
+    template ANY ANY cluster.local {
+        rcode NXDOMAIN
+        authority "cluster.local. 30 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30"
+    }
+}
+in-addr.arpa:53 ip6.arpa:53 {
+    bind $DNS_POD_IP
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
+}
+EOF
+cat >"$work/Corefile.ext" <<EOF
+.:53 {
+    bind $EXT_IP
+    template IN A {
+        answer "{{ .Name }} 60 IN A 192.0.2.80"
+    }
+}
+EOF
+# The cluster DNS runs at a higher priority than dnsperf on their shared CPU, so that a miss waits on the
+# cache rather than on a starved upstream.
+nice -n $((NICE - 5 < -20 ? -20 : NICE - 5)) ip netns exec "$ns_dns" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
+pids+=($!)
+# ip netns exec, not in_ns: a function in the background would leave $! the PID of a subshell.
+ip netns exec "$ns_ext" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
+pids+=($!)
+
+wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
+wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+
+simnode_corefiles
+simnode_unbound_conf
+
+# Query files. Name k of the new names is svcK (NOERROR) or xK (NXDOMAIN), alternately; each phase takes its
+# own range of k, so a new name is new to the cache in every phase of a run.
+hot_file=$work/queries.hot
+seq 1 "$HOT" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$hot_file"
+# mix FILE COUNT FIRST_NEW PERCENT_HOT
+mix() {
+    awk -v n="$2" -v fresh="$3" -v hot="$HOT" -v pct="$4" 'BEGIN {
+        srand(1)
+        for (i = 0; i < n; i++) {
+            if (rand() * 100 < pct) { k = 1 + int(rand() * hot); p = "svc" } else { k = ++fresh; p = fresh % 2 ? "svc" : "x" }
+            printf "%s%d.ns%d.svc.cluster.local A\n", p, k, k % 97
+        }
+    }' >"$1"
+}
+full=$((MAX_QPS * DURATION))
+mix "$work/queries.mixed" "$full" 1000000 "$HOT_PERCENT"
+mix "$work/queries.latency" $((RATE * DURATION)) 100000000 "$HOT_PERCENT"
+mix "$work/queries.misses" $((MISS_RATE * DURATION)) 200000000 0
+
+# cpu_ticks PID: utime+stime in clock ticks (fields 14 and 15 of /proc/PID/stat).
+cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+clk_tck=$(getconf CLK_TCK)
+syns() { in_ns "$ns_dns" iptables -nvxL INPUT | awk '/tcp dpt:53/ { print $1; exit }'; }
+
+# run_dnsperf FILE ARGS...: runs dnsperf from the Pod on CLIENT_CPU, measuring the cache's CPU time; sets qps,
+# completed, us_per_query; fails on lost queries or answers other than NOERROR and NXDOMAIN.
+run_dnsperf() {
+    local file=$1 out t0 t1 rcodes
+    shift
+    t0=$(cpu_ticks "$cache_pid")
+    out=$(nice -n "$NICE" ip netns exec "$ns_pod" taskset -c "$CLIENT_CPU" dnsperf -s "$LOCAL_IP" -d "$file" -c 4 -q 200 -t 5 -n 1 "$@" 2>&1) ||
+        die "dnsperf failed: $out"
+    t1=$(cpu_ticks "$cache_pid")
+    completed=$(awk '/Queries completed:/ { print $3 }' <<<"$out" | head -1)
+    lost=$(awk '/Queries lost:/ { print $3 }' <<<"$out" | head -1)
+    qps=$(awk '/Queries per second:/ { printf "%.0f", $4 }' <<<"$out")
+    [ -n "$lost" ] || die "$variant: no dnsperf statistics: $(tail -20 <<<"$out")"
+    rcodes=$(sed -n 's/^ *Response codes: *//p' <<<"$out")
+    if [ -n "${tolerate_failures:-}" ]; then
+        # Lost queries and answers other than NOERROR and NXDOMAIN (SERVFAIL when the upstream exchange
+        # failed) are counted, not fatal.
+        failed=$((lost + $(sed -e 's/NOERROR [0-9]* ([0-9.]*%)//' -e 's/NXDOMAIN [0-9]* ([0-9.]*%)//' <<<"$rcodes" |
+            { grep -o "[A-Z]* [0-9]*" || true; } | awk '{ s += $2 } END { print s + 0 }')))
+    else
+        [ $((lost * 1000)) -le "$((completed + lost))" ] || die "$variant: dnsperf lost $lost queries: $(tail -20 <<<"$out")"
+        [ -z "$(sed -e 's/NOERROR [0-9]* ([0-9.]*%)//' -e 's/NXDOMAIN [0-9]* ([0-9.]*%)//' -e 's/[ ,]//g' <<<"$rcodes")" ] ||
+            die "$variant: answers other than NOERROR and NXDOMAIN: $rcodes"
+    fi
+    us_per_query=$(awk -v t=$((t1 - t0)) -v hz="$clk_tck" -v n="$completed" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }')
+    dnsperf_out=$out
+}
+
+# record_profile PHASE: with PERF_DIR, records the cache's CPU profile for DURATION s from now, when PHASE is
+# PERF_PHASE.
+record_profile() {
+    perf_pid=
+    [ -n "${PERF_DIR:-}" ] && [ "$1" = "${PERF_PHASE:-mixed}" ] || return 0
+    mkdir -p "$PERF_DIR"
+    perf record -e cpu-clock -g -p "$cache_pid" -o "$PERF_DIR/$variant-$1-$round.data" -- sleep "$DURATION" >/dev/null 2>&1 &
+    perf_pid=$!
+}
+wait_profile() { [ -z "$perf_pid" ] || wait "$perf_pid" || true; }
+
+results=$work/results
+: >"$results"
+echo
+echo "nice $NICE; load: $(uptime | sed 's/.*load average/load average/') on $(nproc) CPUs"
+echo "$ROUNDS rounds of: hits ($HOT names, full speed, $DURATION s), mixed ($HOT_PERCENT % hot, full speed, $DURATION s),"
+echo "latency (the mix at $RATE q/s, $DURATION s), misses (new names at $MISS_RATE q/s, $DURATION s)"
+printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %9s %6s %6s\n' round variant "hits q/s" "µs/q" "mixed q/s" "µs/q" "p50 ms" \
+    "p99 ms" "µs/miss" conns failed
+read -r -a variants <<<"$VARIANTS"
+for round in $(seq 1 "$ROUNDS"); do
+    n=${#variants[@]}
+    for i in $(seq 0 $((n - 1))); do
+        variant=${variants[$(((i + round - 1) % n))]}
+        simnode_start "$variant" nice -n "$NICE" taskset -c "$SERVER_CPU"
+        simnode_ready "$variant" svc1.ready.svc.cluster.local
+        # Warm-up: every hot name asked once.
+        run_dnsperf "$hot_file" -Q 5000
+        record_profile hits
+        run_dnsperf "$hot_file" -n 1000000 -l "$DURATION"
+        hits_qps=$qps hits_us=$us_per_query
+        wait_profile
+        record_profile mixed
+        tolerate_failures=1 run_dnsperf "$work/queries.mixed" -l "$DURATION"
+        mixed_failed=$failed
+        [ "$completed" -lt "$full" ] || die "$variant: the mixed run used up its query file; raise MAX_QPS"
+        mixed_qps=$qps mixed_us=$us_per_query
+        wait_profile
+        run_dnsperf "$work/queries.latency" -Q "$RATE" -v
+        read -r p50 p99 < <(awk '$1 == ">" { print $NF * 1000 }' <<<"$dnsperf_out" | sort -n |
+            awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; printf "%.3f %.3f\n", v[int(NR * 0.5 + 0.5)], v[int(NR * 0.99 + 0.5)] }') ||
+            die "$variant: no per-query latencies in dnsperf -v output"
+        s0=$(syns)
+        record_profile misses
+        tolerate_failures=1 run_dnsperf "$work/queries.misses" -Q "$MISS_RATE"
+        wait_profile
+        miss_us=$us_per_query conns=$(($(syns) - s0)) failed=$((mixed_failed + failed))
+        simnode_stop "$variant"
+        printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %9s %6s %6s\n' "$round" "$variant" "$hits_qps" "$hits_us" "$mixed_qps" \
+            "$mixed_us" "$p50" "$p99" "$miss_us" "$conns" "$failed"
+        echo "$round $variant $hits_qps $hits_us $mixed_qps $mixed_us $p50 $p99 $miss_us $conns $failed" >>"$results"
+    done
+done
+
+echo
+echo "median over $ROUNDS rounds; q/s also as the ratio to upstream's Corefile in the same round (median of ratios):"
+printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %9s %6s %6s\n' variant "hits q/s" ratio "µs/q" "mixed q/s" ratio "µs/q" \
+    "p50 ms" "p99 ms" "µs/miss" conns failed
+for variant in "${variants[@]}"; do
+    awk -v v="$variant" '
+        function ratio(r) { return r > 0 ? sprintf("%.2fx", r) : "-" }
+        function median(a, n,    i, j, x) {
+            for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        $2 == "upstream" { uh[$1] = $3; um[$1] = $5 }
+        $2 == v { n++; r[n] = $1; for (f = 3; f <= 11; f++) c[f, n] = $f }
+        END {
+            for (f = 3; f <= 11; f++) { for (i = 1; i <= n; i++) a[i] = c[f, i]; m[f] = median(a, n) }
+            k = 0; for (i = 1; i <= n; i++) if (uh[r[i]] > 0) { k++; a[k] = c[3, i] / uh[r[i]] }; rh = k ? median(a, k) : 0
+            k = 0; for (i = 1; i <= n; i++) if (um[r[i]] > 0) { k++; a[k] = c[5, i] / um[r[i]] }; rm = k ? median(a, k) : 0
+            printf "%-9s %9.0f %6s %8.1f %9.0f %6s %8.1f %8.3f %8.3f %9.1f %6.0f %6.0f\n", v, m[3], ratio(rh), m[4], m[5], ratio(rm), m[6], m[7], m[8], m[9], m[10], m[11]
+        }' "$results"
+done

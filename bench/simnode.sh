@@ -1,0 +1,224 @@
+# The simulated node the benchmarks in bench/ run on, sourced by them (bash); not a script of its own.
+#
+# Built from network namespaces as test/simnode lays it out: a Pod (10.244.0.2), the node with kube-proxy-style
+# DNAT for the kube-dns ClusterIPs (10.96.0.10 and kube-dns-upstream's 10.96.0.11), a cluster-DNS Pod
+# (10.244.1.2) and the node's resolver (192.0.2.53). Every address exists only in those namespaces. The
+# caches run in the node namespace and answer on 169.254.20.10 (and 10.96.0.10), which the Pod asks.
+#
+# The sourcing script defines die MESSAGE, a work directory $work and an array pids of the processes it
+# started, and calls simnode_down from its EXIT trap.
+
+# Addresses of the simulated node (test/simnode's).
+POD_IP=10.244.0.2 NODE_POD_IP=10.244.0.1
+DNS_POD_IP=10.244.1.2 NODE_DNS_IP=10.244.1.1
+EXT_IP=192.0.2.53 NODE_EXT_IP=192.0.2.1
+KUBE_DNS_IP=10.96.0.10 UPSTREAM_IP=10.96.0.11 LOCAL_IP=169.254.20.10
+
+# simnode_require_tools TOOL...: installs dnsperf and unbound (Debian packages) when missing, then requires
+# every TOOL on PATH.
+simnode_require_tools() {
+    local missing=() tool
+    command -v dnsperf >/dev/null || missing+=(dnsperf)
+    command -v unbound >/dev/null || missing+=(unbound)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing ${missing[*]} (Debian packages)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+            die "could not install ${missing[*]}"
+    fi
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || die "$tool is not installed"
+    done
+}
+
+in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# simnode_up PREFIX: builds the node in namespaces PREFIX-node, -pod, -dns and -ext (ns_node, ns_pod, ns_dns,
+# ns_ext).
+simnode_up() {
+    ns_node=$1-node ns_pod=$1-pod ns_dns=$1-dns ns_ext=$1-ext
+    local ns
+    for ns in "$ns_node" "$ns_pod" "$ns_dns" "$ns_ext"; do
+        ip netns add "$ns"
+        in_ns "$ns" ip link set lo up
+    done
+    simnode_connect "$ns_pod" pod "$POD_IP" "$NODE_POD_IP"
+    simnode_connect "$ns_dns" dns "$DNS_POD_IP" "$NODE_DNS_IP"
+    simnode_connect "$ns_ext" ext "$EXT_IP" "$NODE_EXT_IP"
+    in_ns "$ns_node" ip route add default via "$EXT_IP"
+    in_ns "$ns_node" sysctl -qw net.ipv4.ip_forward=1
+    {
+        echo '*nat'
+        echo ':KUBE-SERVICES - [0:0]'
+        echo ':KUBE-SVC-KUBEDNS - [0:0]'
+        echo '-A PREROUTING -j KUBE-SERVICES'
+        echo '-A OUTPUT -j KUBE-SERVICES'
+        local ip proto
+        for ip in "$KUBE_DNS_IP" "$UPSTREAM_IP"; do
+            for proto in udp tcp; do
+                echo "-A KUBE-SERVICES -d $ip/32 -p $proto -m $proto --dport 53 -j KUBE-SVC-KUBEDNS"
+            done
+        done
+        for proto in udp tcp; do
+            echo "-A KUBE-SVC-KUBEDNS -p $proto -m $proto -j DNAT --to-destination $DNS_POD_IP:53"
+        done
+        echo 'COMMIT'
+    } | in_ns "$ns_node" iptables-restore --noflush
+    # The node's resolv.conf (the cache's dnsPolicy: Default) and the Pod's.
+    mkdir -p "/etc/netns/$ns_node" "/etc/netns/$ns_pod"
+    echo "nameserver $EXT_IP" >"/etc/netns/$ns_node/resolv.conf"
+    echo "nameserver $LOCAL_IP" >"/etc/netns/$ns_pod/resolv.conf"
+}
+
+# simnode_connect NS NAME IP NODE_IP: a veth from the node to NS, IP on NS's side, NS's default route.
+simnode_connect() {
+    in_ns "$ns_node" ip link add "to-$2" type veth peer name "tmp-$2"
+    in_ns "$ns_node" ip link set "tmp-$2" netns "$1"
+    in_ns "$1" ip link set "tmp-$2" name eth0
+    in_ns "$ns_node" ip addr add "$4/24" dev "to-$2"
+    in_ns "$1" ip addr add "$3/24" dev eth0
+    in_ns "$ns_node" ip link set "to-$2" up
+    in_ns "$1" ip link set eth0 up
+    in_ns "$1" ip route add default via "$4"
+}
+
+# simnode_down: removes what simnode_up made; safe to call when it did not finish.
+simnode_down() {
+    local ns
+    for ns in "${ns_pod:-}" "${ns_dns:-}" "${ns_ext:-}" "${ns_node:-}"; do
+        [ -z "$ns" ] || ip netns del "$ns" 2>/dev/null || true
+    done
+    [ -z "${ns_node:-}" ] || rm -rf "/etc/netns/$ns_node" "/etc/netns/$ns_pod"
+}
+
+# wait_dns NS SERVER NAME: waits up to 20 s for SERVER to answer NAME (A) with a record, from namespace NS.
+wait_dns() {
+    for _ in $(seq 1 200); do
+        if in_ns "$1" dig +short +tries=1 +time=1 @"$2" "$3" A 2>/dev/null | grep -q .; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# simnode_corefiles: writes $work/Corefile.base.shipped, the ConfigMap of the iptables manifest, and
+# $work/Corefile.base.upstream, upstream node-cache's with its install-time variables filled in as upstream's
+# instructions do with sed.
+simnode_corefiles() {
+    local manifest=examples/kubernetes/nodelocaldns-iptables.yaml
+    awk '/^  Corefile: \|$/ { on = 1; next } on && /^---$/ { exit } on { sub(/^        /, ""); print }' "$manifest" \
+        >"$work/Corefile.base.shipped"
+    grep -q '^cluster.local:53 {' "$work/Corefile.base.shipped" || die "no Corefile found in $manifest"
+    sed -e 's/__PILLAR__DNS__DOMAIN__/cluster.local/g' -e "s/__PILLAR__LOCAL__DNS__/$LOCAL_IP/g" \
+        -e "s/__PILLAR__DNS__SERVER__/$KUBE_DNS_IP/g" corefile/testdata/upstream-template.Corefile >"$work/Corefile.base.upstream"
+}
+
+# simnode_unbound_conf: writes $work/unbound.conf, unbound as a node cache: one thread, forwarding
+# cluster.local and the reverse zones to kube-dns-upstream over TCP and everything else to the node's
+# resolver, TTLs clamped to 5-30 s (5 s negative) as the Corefile does. UNBOUND_VERBOSITY sets its verbosity.
+simnode_unbound_conf() {
+    cat >"$work/unbound.conf" <<EOF
+server:
+    interface: $LOCAL_IP
+    interface: $KUBE_DNS_IP
+    port: 53
+    num-threads: 1
+    do-daemonize: no
+    username: ""
+    chroot: ""
+    directory: "$work"
+    pidfile: "$work/unbound.pid"
+    use-syslog: no
+    logfile: ""
+    verbosity: ${UNBOUND_VERBOSITY:-0}
+    access-control: 0.0.0.0/0 allow
+    module-config: "iterator"
+    domain-insecure: "cluster.local"
+    unblock-lan-zones: yes
+    insecure-lan-zones: yes
+    cache-min-ttl: 5
+    cache-max-ttl: 30
+    cache-max-negative-ttl: 5
+forward-zone:
+    name: "cluster.local."
+    forward-addr: $UPSTREAM_IP
+    forward-tcp-upstream: yes
+forward-zone:
+    name: "in-addr.arpa."
+    forward-addr: $UPSTREAM_IP
+    forward-tcp-upstream: yes
+forward-zone:
+    name: "ip6.arpa."
+    forward-addr: $UPSTREAM_IP
+    forward-tcp-upstream: yes
+forward-zone:
+    name: "."
+    forward-addr: $EXT_IP
+EOF
+    unbound-checkconf "$work/unbound.conf" >/dev/null || die "unbound-checkconf rejects $work/unbound.conf"
+}
+
+# simnode_start VARIANT [LAUNCHER...]: starts a cache in the node namespace, with its log in $work/VARIANT/log,
+# through LAUNCHER (e.g. taskset -c 0), and sets cache_pid. Every launcher, `ip netns exec` and env exec in
+# place, so cache_pid is the cache's own PID. VARIANT is one of:
+#   shipped   $work/node-cache with the arguments of examples/kubernetes/nodelocaldns-iptables.yaml and
+#             $work/Corefile.base.shipped
+#   upstream  the same with $work/Corefile.base.upstream
+#   alt       the shipped variant with another build, $work/node-cache-alt, to compare two builds
+#   unbound   unbound with $work/unbound.conf; its addresses go on a portless bridge, as notrack's do
+simnode_start() {
+    local variant=$1 dir=$work/$1
+    shift
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    case $variant in
+    shipped | upstream | alt)
+        local binary=$work/node-cache corefile=$work/Corefile.base.$variant
+        if [ "$variant" = alt ]; then
+            binary=$work/node-cache-alt corefile=$work/Corefile.base.shipped
+        fi
+        cp "$corefile" "$dir/Corefile.base"
+        mkdir "$dir/kube-dns" # the manifest's optional kube-dns ConfigMap volume, with no ConfigMap
+        # The manifest's arguments, with the paths of this run; KUBE_DNS_UPSTREAM_* as the kubelet sets them.
+        "$@" ip netns exec "$ns_node" env KUBE_DNS_UPSTREAM_SERVICE_HOST=$UPSTREAM_IP KUBE_DNS_UPSTREAM_SERVICE_PORT=53 \
+            XTABLES_LOCKFILE="$dir/xtables.lock" \
+            "$binary" -localip "$LOCAL_IP,$KUBE_DNS_IP" -conf "$dir/Corefile" \
+            -basecorefile "$dir/Corefile.base" -kubednscm "$dir/kube-dns" -upstreamsvc kube-dns-upstream \
+            -pidfile "$dir/node-cache.pid" -health-port 8080 -prometheus-listen-address "$NODE_POD_IP:9253" \
+            -lockfile "$dir/nodelocaldns.lock" >"$dir/log" 2>&1 &
+        ;;
+    unbound)
+        in_ns "$ns_node" ip link add ubound type bridge
+        in_ns "$ns_node" ip addr add "$LOCAL_IP/32" dev ubound
+        in_ns "$ns_node" ip addr add "$KUBE_DNS_IP/32" dev ubound
+        in_ns "$ns_node" ip link set ubound up
+        "$@" ip netns exec "$ns_node" unbound -d -c "$work/unbound.conf" >"$dir/log" 2>&1 &
+        ;;
+    *)
+        die "unknown variant $variant"
+        ;;
+    esac
+    cache_pid=$!
+    pids+=("$cache_pid")
+}
+
+# simnode_ready VARIANT NAME: waits until the cache answers NAME from the Pod and, for node-cache, notrack's
+# rules are in place (node-cache answers before, and the rules are part of the state measured).
+simnode_ready() {
+    wait_dns "$ns_pod" "$LOCAL_IP" "$2" || die "$1 does not answer on $LOCAL_IP; see $work/$1/log"
+    [ "$1" != unbound ] || return 0
+    for _ in $(seq 1 100); do
+        grep -q 'rules in place' "$work/$1/log" && return 0
+        sleep 0.1
+    done
+    die "$1: notrack never put its rules in place: $(tail -5 "$work/$1/log")"
+}
+
+# simnode_stop VARIANT: SIGTERM and wait, so the next variant finds the addresses free.
+simnode_stop() {
+    kill -TERM "$cache_pid" 2>/dev/null || true
+    wait "$cache_pid" 2>/dev/null || true
+    if [ "$1" = unbound ]; then
+        in_ns "$ns_node" ip link del ubound
+    fi
+}

@@ -1,0 +1,69 @@
+package nodelocal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// Cleanup removes from the node everything a node cache and its guard may have left there: the cache's
+// jumps and chains in both families, the guard's divert, and the link (when this package created it) or
+// the addresses. It is for an uninstall: a cache that stops hands the node to the cluster DNS, or to a
+// successor, and leaves things in place on purpose. It takes the node lock first, so it fails with
+// KindNodeLock while a cache runs.
+func Cleanup(ctx context.Context, cfg Config) error {
+	r, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	errs := []error{r.Teardown(ctx)}
+	if !r.cfg.NoRules {
+		r.mu.Lock()
+		err := r.ensureBackendLocked(ctx)
+		if err == nil && r.nft != nil {
+			if _, derr := r.nft.DeleteGuard(ctx); derr != nil {
+				errs = append(errs, rulesError("delete the guard's divert (table inet "+rules.NFTablesGuardTable+")", derr))
+			}
+		} else if err == nil {
+			for _, fam := range rules.Families {
+				if _, terr := r.backend.Tools(fam); terr != nil {
+					continue // no tools for the family: nothing of ours can be there
+				}
+				if derr := r.rules.Delete(ctx, rules.Guard(fam, nil)); derr != nil {
+					errs = append(errs, rulesError(fmt.Sprintf("delete the guard's %s divert", fam), derr))
+				}
+			}
+		}
+		r.mu.Unlock()
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// NewGuardWhenFree is NewGuard for a guard that may start while another one runs on the node (the guard of
+// a rolling update's new Pod, started beside the old one): while the guard lock is held it waits, polling
+// every poll, and logs once whom it waits for. Any other error is returned at once.
+func NewGuardWhenFree(ctx context.Context, cfg GuardConfig, poll time.Duration) (*Guard, error) {
+	logged := false
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		g, err := NewGuard(cfg)
+		if err == nil || KindOf(err) != KindNodeLock {
+			return g, err
+		}
+		if !logged && cfg.Logger != nil {
+			cfg.Logger.Infof("nodelocal guard: waiting for the guard that runs on this node to exit: %v", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,321 @@
+// Package drain hands a DNS server's listeners over to a successor process without losing a query.
+//
+// CoreDNS opens its UDP sockets and TCP listeners with SO_REUSEPORT, so a successor binds the same address
+// and port beside the running server, and the kernel spreads new packets and connections over both by a
+// hash. Closing a socket in such a group drops what is queued on it (UDP) or resets what waits in its
+// accept queue (TCP). So the successor, once it owns the node, attaches a classic BPF program to each
+// group (SO_ATTACH_REUSEPORT_CBPF) that sends everything new to its own socket: the sockets of a group are
+// indexed in the order they joined, the successor's joined last, and a program that returns an index sends
+// the packet there. The old server's sockets then only empty, and it closes them once they are idle
+// (Idle). When the old sockets are gone the program is replaced by one that returns an index out of range,
+// which makes the kernel fall back to its hash: the next successor starts from the usual spreading.
+//
+// The kernel takes classic BPF for UDP groups only. A TCP listener that closes hands the connections
+// waiting in its accept queue to another listener of its group instead of resetting them when
+// net.ipv4.tcp_migrate_req is 1 (Linux 5.14 and later); MigrateListeners turns that on.
+//
+// Everything here reads /proc of the calling process and its network namespace, and works on the socket
+// file descriptors the process already has; it needs no capability.
+package drain
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Network is "udp" or "tcp".
+type Network string
+
+// The networks of a DNS server's sockets.
+const (
+	UDP Network = "udp"
+	TCP Network = "tcp"
+)
+
+// Socket is a UDP socket or a TCP listener bound to a local address and port.
+type Socket struct {
+	Network Network
+	Local   netip.AddrPort
+	Inode   uint64
+	// Queued is what waits to be read: bytes of datagrams (UDP) or connections not yet accepted (TCP).
+	Queued uint64
+	// FD is the calling process's file descriptor of the socket, or -1 when it is another process's.
+	FD int
+}
+
+// tcpListen is the state of a listening TCP socket in /proc/net/tcp; tcpClose that of an unconnected UDP
+// socket in /proc/net/udp.
+const (
+	tcpListen = 0x0A
+	udpClose  = 0x07
+)
+
+// Group returns the sockets of the network namespace bound to local: its reuseport group (unconnected UDP
+// sockets, or TCP listeners), in no particular order. Sockets of the calling process have their FD set.
+func Group(network Network, local netip.AddrPort) ([]Socket, error) {
+	all, err := sockets(network)
+	if err != nil {
+		return nil, err
+	}
+	own, err := ownInodes()
+	if err != nil {
+		return nil, err
+	}
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	var out []Socket
+	for _, s := range all {
+		if s.Local != local {
+			continue
+		}
+		s.FD = -1
+		if fd, ok := own[s.Inode]; ok {
+			s.FD = fd
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Own returns the calling process's sockets in the group of local.
+func Own(network Network, local netip.AddrPort) ([]Socket, error) {
+	group, err := Group(network, local)
+	if err != nil {
+		return nil, err
+	}
+	var own []Socket
+	for _, s := range group {
+		if s.FD >= 0 {
+			own = append(own, s)
+		}
+	}
+	return own, nil
+}
+
+// SteerToNewest makes the kernel send every new UDP packet for local to the calling
+// process's socket that joined the group last. It needs the process's own sockets to be the newest of the
+// group, as a successor's are; the caller should check that it worked (a probe that only this process
+// answers, sent from several source ports, all answered). It returns how many sockets the group had.
+func SteerToNewest(network Network, local netip.AddrPort) (int, error) {
+	if network != UDP {
+		return 0, fmt.Errorf("cannot steer %s: the kernel takes classic BPF for UDP reuseport groups only", network)
+	}
+	group, err := Group(network, local)
+	if err != nil {
+		return 0, err
+	}
+	own := 0
+	fd := -1
+	for _, s := range group {
+		if s.FD >= 0 {
+			own++
+			fd = s.FD
+		}
+	}
+	if own == 0 {
+		return len(group), fmt.Errorf("no %s socket of this process is bound to %s", network, local)
+	}
+	if err := attach(fd, uint32(len(group)-1)); err != nil {
+		return len(group), fmt.Errorf("steer %s %s to this process: %w", network, local, err)
+	}
+	return len(group), nil
+}
+
+// MigrateReq is the sysctl that makes a closing TCP listener hand its accept queue to another listener of
+// its reuseport group.
+const MigrateReq = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+// MigrateListeners turns net.ipv4.tcp_migrate_req on in the calling process's network namespace, and
+// reports whether it was off. It fails where /proc/sys is read-only (a container that is not privileged)
+// or the kernel predates the setting (5.14).
+func MigrateListeners() (changed bool, err error) {
+	b, err := os.ReadFile(MigrateReq)
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", MigrateReq, err)
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return false, nil
+	}
+	if err := os.WriteFile(MigrateReq, []byte("1\n"), 0o644); err != nil { //nolint:gosec // a sysctl: the file exists, the mode is unused
+		return false, fmt.Errorf("set %s: %w", MigrateReq, err)
+	}
+	return true, nil
+}
+
+// Unsteer gives the group of local back to the kernel's hash. It is a no-op for a group without a program.
+func Unsteer(network Network, local netip.AddrPort) error {
+	own, err := Own(network, local)
+	if err != nil {
+		return err
+	}
+	if len(own) == 0 {
+		return fmt.Errorf("no %s socket of this process is bound to %s", network, local)
+	}
+	// An index no group can have: the kernel then picks by hash, as without a program.
+	if err := attach(own[0].FD, ^uint32(0)); err != nil {
+		return fmt.Errorf("give %s %s back to the kernel's hash: %w", network, local, err)
+	}
+	return nil
+}
+
+// attach sets the group's program to one that returns index for every packet.
+func attach(fd int, index uint32) error {
+	ret := unix.SockFilter{Code: unix.BPF_RET | unix.BPF_K, K: index}
+	prog := unix.SockFprog{Len: 1, Filter: &ret}
+	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_CBPF, &prog)
+}
+
+// Idle reports whether none of the calling process's sockets bound to the endpoints has anything queued.
+// A UDP socket's queue is read from the socket itself (SIOCINQ), a listener's accept queue from /proc.
+func Idle(network Network, endpoints []netip.AddrPort) (bool, error) {
+	for _, e := range endpoints {
+		own, err := Own(network, e)
+		if err != nil {
+			return false, err
+		}
+		for _, s := range own {
+			if s.Queued > 0 {
+				return false, nil
+			}
+			if network == UDP {
+				n, err := unix.IoctlGetInt(s.FD, unix.SIOCINQ)
+				if err != nil && !errors.Is(err, unix.EBADF) {
+					return false, fmt.Errorf("read the queue of %s %s: %w", network, e, err)
+				}
+				if n > 0 {
+					return false, nil
+				}
+			}
+		}
+	}
+	return true, nil
+}
+
+// ownInodes maps the inode of each socket the calling process has open to its file descriptor.
+func ownInodes() (map[uint64]int, error) {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil, fmt.Errorf("list this process's file descriptors: %w", err)
+	}
+	out := map[uint64]int{}
+	for _, e := range entries {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil || !strings.HasPrefix(target, "socket:[") {
+			continue // closed meanwhile, or not a socket
+		}
+		ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]"), 10, 64)
+		if err != nil {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		out[ino] = fd
+	}
+	return out, nil
+}
+
+// sockets reads the unconnected UDP sockets or the TCP listeners of both families from /proc/net.
+func sockets(network Network) ([]Socket, error) {
+	want := udpClose
+	if network == TCP {
+		want = tcpListen
+	}
+	var out []Socket
+	for _, file := range []string{string(network), string(network) + "6"} {
+		f, err := os.Open(filepath.Join("/proc/net", file))
+		if errors.Is(err, os.ErrNotExist) && strings.HasSuffix(file, "6") {
+			continue // no IPv6
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list %s sockets: %w", network, err)
+		}
+		s := bufio.NewScanner(f)
+		s.Buffer(make([]byte, 0, 1024), 1<<20)
+		first := true
+		for s.Scan() {
+			if first {
+				first = false // the header
+				continue
+			}
+			sock, state, err := parseSocketLine(s.Text())
+			if err != nil {
+				f.Close()
+				return nil, fmt.Errorf("parse /proc/net/%s: %w", file, err)
+			}
+			if state != want {
+				continue
+			}
+			sock.Network = network
+			out = append(out, sock)
+		}
+		err = s.Err()
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read /proc/net/%s: %w", file, err)
+		}
+	}
+	return out, nil
+}
+
+// parseSocketLine parses "sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...".
+func parseSocketLine(line string) (Socket, int, error) {
+	f := strings.Fields(line)
+	if len(f) < 10 {
+		return Socket{}, 0, fmt.Errorf("short line %q", line)
+	}
+	local, err := parseHexAddrPort(f[1])
+	if err != nil {
+		return Socket{}, 0, err
+	}
+	state, err := strconv.ParseUint(f[3], 16, 8)
+	if err != nil {
+		return Socket{}, 0, fmt.Errorf("state %q: %w", f[3], err)
+	}
+	_, rx, ok := strings.Cut(f[4], ":")
+	if !ok {
+		return Socket{}, 0, fmt.Errorf("queues %q", f[4])
+	}
+	queued, err := strconv.ParseUint(rx, 16, 64)
+	if err != nil {
+		return Socket{}, 0, fmt.Errorf("receive queue %q: %w", rx, err)
+	}
+	inode, err := strconv.ParseUint(f[9], 10, 64)
+	if err != nil {
+		return Socket{}, 0, fmt.Errorf("inode %q: %w", f[9], err)
+	}
+	return Socket{Local: local, Inode: inode, Queued: queued}, int(state), nil
+}
+
+// parseHexAddrPort parses /proc/net's "0A14FEA9:0035": the address as 32-bit words in host byte order,
+// the port in hex.
+func parseHexAddrPort(s string) (netip.AddrPort, error) {
+	h, p, ok := strings.Cut(s, ":")
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("address %q", s)
+	}
+	raw, err := hex.DecodeString(h)
+	if err != nil || (len(raw) != 4 && len(raw) != 16) {
+		return netip.AddrPort{}, fmt.Errorf("address %q", s)
+	}
+	b := make([]byte, len(raw))
+	for i := 0; i < len(raw); i += 4 {
+		binary.NativeEndian.PutUint32(b[i:], binary.BigEndian.Uint32(raw[i:]))
+	}
+	addr, _ := netip.AddrFromSlice(b)
+	port, err := strconv.ParseUint(p, 16, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("port %q: %w", p, err)
+	}
+	return netip.AddrPortFrom(addr.Unmap(), uint16(port)), nil
+}

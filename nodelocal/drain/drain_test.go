@@ -1,0 +1,180 @@
+package drain
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func reuseport(network, address string) (net.Listener, net.PacketConn, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) })
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	if network == "udp" {
+		pc, err := lc.ListenPacket(context.Background(), network, address)
+		return nil, pc, err
+	}
+	l, err := lc.Listen(context.Background(), network, address)
+	return l, nil, err
+}
+
+// sendFromManyPorts sends n datagrams to dst, each from a socket of its own (a source port of its own).
+func sendFromManyPorts(t *testing.T, dst string, n int) {
+	t.Helper()
+	for range n {
+		c, err := net.Dial("udp", dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+}
+
+// received counts the datagrams queued on pc.
+func received(t *testing.T, pc net.PacketConn) int {
+	t.Helper()
+	buf := make([]byte, 16)
+	n := 0
+	for {
+		pc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, _, err := pc.ReadFrom(buf); err != nil {
+			return n
+		}
+		n++
+	}
+}
+
+func TestSteerUDPToTheNewestSocket(t *testing.T) {
+	_, old, err := reuseport("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	addr := old.LocalAddr().String()
+	_, next, err := reuseport("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	local := netip.MustParseAddrPort(addr)
+
+	group, err := Group(UDP, local)
+	if err != nil || len(group) != 2 {
+		t.Fatalf("Group: %v %v, want both sockets", group, err)
+	}
+	for _, s := range group {
+		if s.FD < 0 {
+			t.Errorf("socket %d of this process has no FD", s.Inode)
+		}
+	}
+
+	// Without a program the kernel spreads the datagrams over both.
+	sendFromManyPorts(t, addr, 64)
+	if o, n := received(t, old), received(t, next); o == 0 || n == 0 || o+n != 64 {
+		t.Fatalf("by hash: old got %d, new got %d of 64", o, n)
+	}
+
+	size, err := SteerToNewest(UDP, local)
+	if err != nil || size != 2 {
+		t.Fatalf("SteerToNewest: %d %v", size, err)
+	}
+	sendFromManyPorts(t, addr, 64)
+	if idle, err := Idle(UDP, []netip.AddrPort{local}); err != nil || idle {
+		t.Fatalf("Idle with datagrams queued: %v %v", idle, err)
+	}
+	if o, n := received(t, old), received(t, next); o != 0 || n != 64 {
+		t.Fatalf("steered: old got %d, new got %d of 64", o, n)
+	}
+	if idle, err := Idle(UDP, []netip.AddrPort{local}); err != nil || !idle {
+		t.Fatalf("Idle with nothing queued: %v %v", idle, err)
+	}
+
+	// The old socket closes: the program's index is out of range, and the new socket gets everything.
+	old.Close()
+	sendFromManyPorts(t, addr, 16)
+	if n := received(t, next); n != 16 {
+		t.Fatalf("after the old socket closed: new got %d of 16", n)
+	}
+	if err := Unsteer(UDP, local); err != nil {
+		t.Fatal(err)
+	}
+	sendFromManyPorts(t, addr, 16)
+	if n := received(t, next); n != 16 {
+		t.Fatalf("unsteered: new got %d of 16", n)
+	}
+}
+
+func TestSteerRefusesTCP(t *testing.T) {
+	l, _, err := reuseport("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := SteerToNewest(TCP, netip.MustParseAddrPort(l.Addr().String())); err == nil {
+		t.Fatal("SteerToNewest for TCP succeeded; the kernel has no classic BPF for TCP reuseport groups")
+	}
+}
+
+func TestIdleTCP(t *testing.T) {
+	l, _, err := reuseport("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	local := netip.MustParseAddrPort(l.Addr().String())
+	if idle, err := Idle(TCP, []netip.AddrPort{local}); err != nil || !idle {
+		t.Fatalf("Idle with nothing to accept: %v %v", idle, err)
+	}
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if idle, err := Idle(TCP, []netip.AddrPort{local}); err != nil || idle {
+		t.Fatalf("Idle with a connection to accept: %v %v", idle, err)
+	}
+	a, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if idle, err := Idle(TCP, []netip.AddrPort{local}); err != nil || !idle {
+		t.Fatalf("Idle once accepted: %v %v", idle, err)
+	}
+}
+
+func TestParseHexAddrPort(t *testing.T) {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		t.Skip("the samples are those of a little-endian kernel")
+	}
+	// 169.254.20.10:53 and [fd00::a]:53 as a little-endian kernel writes them.
+	for in, want := range map[string]string{
+		"0A14FEA9:0035":                         "169.254.20.10:53",
+		"0100007F:1F90":                         "127.0.0.1:8080",
+		"000000FD00000000000000000A000000:0035": "[fd00::a]:53",
+	} {
+		got, err := parseHexAddrPort(in)
+		if err != nil || got.String() != want {
+			t.Errorf("parseHexAddrPort(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "0A14FEA9", "XYZ:0035", "0A14FE:0035", "0A14FEA9:10000"} {
+		if _, err := parseHexAddrPort(bad); err == nil {
+			t.Errorf("parseHexAddrPort(%q) succeeded", bad)
+		}
+	}
+}

@@ -1,0 +1,107 @@
+package nodelock
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestHandOff(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.lock")
+	if _, err := Queue(path); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Queue with no owner: %v, want ErrNotHeld", err)
+	}
+	owner, err := Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Release()
+	if ready, err := owner.SuccessorReady(); err != nil || ready {
+		t.Fatalf("SuccessorReady with nobody in line: %v %v", ready, err)
+	}
+
+	next, err := Queue(path)
+	if err != nil {
+		t.Fatalf("Queue: %v", err)
+	}
+	defer next.Close()
+	if next.Owner == "" {
+		t.Error("the successor does not know who owns the node")
+	}
+	var queued *QueuedError
+	if _, err := Queue(path); !errors.As(err, &queued) {
+		t.Fatalf("a second successor: %v, want a QueuedError", err)
+	}
+	if ready, err := owner.SuccessorReady(); err != nil || ready {
+		t.Fatalf("SuccessorReady before Ready: %v %v", ready, err)
+	}
+	// The owner holds on: Take waits.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = next.Take(ctx, 5*time.Millisecond)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Take while the owner holds the lock: %v", err)
+	}
+	if err := next.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	if ready, err := owner.SuccessorReady(); err != nil || !ready {
+		t.Fatalf("SuccessorReady after Ready: %v %v", ready, err)
+	}
+	if orphaned, err := Orphaned(path); err != nil || orphaned {
+		t.Fatalf("Orphaned with an owner and a successor: %v %v", orphaned, err)
+	}
+
+	if err := owner.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if orphaned, err := Orphaned(path); err != nil || orphaned {
+		t.Fatalf("Orphaned while the successor is in line: %v %v", orphaned, err)
+	}
+	lock, err := next.Take(context.Background(), 5*time.Millisecond)
+	if err != nil {
+		t.Fatalf("Take after the owner let go: %v", err)
+	}
+	defer lock.Release()
+	if _, err := Acquire(path); err == nil {
+		t.Fatal("Acquire succeeded while the successor holds the lock")
+	}
+	if ready, err := lock.SuccessorReady(); err != nil || ready {
+		t.Fatalf("the new owner sees a ready successor: %v %v", ready, err)
+	}
+	// The queue is free again for the next hand-off.
+	again, err := Queue(path)
+	if err != nil {
+		t.Fatalf("Queue after a hand-off: %v", err)
+	}
+	again.Close()
+}
+
+func TestSuccessorThatLeavesOrphansNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.lock")
+	owner, err := Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := Queue(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	owner.Release()
+	// The successor dies (its file closes) before it takes the lock: the old owner finds the node orphaned.
+	next.Close()
+	orphaned, err := Orphaned(path)
+	if err != nil || !orphaned {
+		t.Fatalf("Orphaned after the successor left: %v %v", orphaned, err)
+	}
+	back, err := Acquire(path)
+	if err != nil {
+		t.Fatalf("the old owner takes its node back: %v", err)
+	}
+	back.Release()
+}
