@@ -39,9 +39,16 @@ func TestUpstreamSvcFollowsService(t *testing.T) {
 
 	// The Role is as narrow as the README says: list and watch of the one Service, through the field
 	// selector upstreamsvc sends, and nothing else.
+	// The API server's authorizer learns of a new RoleBinding from its own watch, a moment after the create
+	// returns: Forbidden until then is the API's normal lag, any other error is not.
 	sa := kubernetes.NewForConfigOrDie(s.TokenConfig(token))
-	if _, err := sa.CoreV1().Services(ns).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name}); err != nil {
-		t.Fatalf("the ServiceAccount cannot list %s/%s with a field selector: %v", ns, name, err)
+	var listErr error
+	waitFor(t, "permission for the ServiceAccount to list "+ns+"/"+name, func() bool {
+		_, listErr = sa.CoreV1().Services(ns).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		return !apierrors.IsForbidden(listErr)
+	})
+	if listErr != nil {
+		t.Fatalf("the ServiceAccount cannot list %s/%s with a field selector: %v", ns, name, listErr)
 	}
 	if _, err := sa.CoreV1().Services(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the ServiceAccount lists every Service of %s: %v, want Forbidden", ns, err)
