@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/atomicfile"
 )
 
 func TestParseKubeDNS(t *testing.T) {
@@ -121,22 +123,7 @@ func TestReadKubeDNSDir(t *testing.T) {
 // and which reads as a valid, empty setting).
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.WriteString(content)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := atomicfile.Write(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

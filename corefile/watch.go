@@ -7,12 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
 	clog "github.com/coredns/coredns/plugin/pkg/log"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/atomicfile"
 )
 
 var log = clog.NewWithPlugin("node-cache")
@@ -141,7 +142,7 @@ func (d *DropIn) render(base []byte, kd KubeDNS) error {
 			log.Warningf("Corefile %s", h)
 		}
 	}
-	if err := writeFileAtomic(d.Output, out); err != nil {
+	if err := atomicfile.Write(d.Output, out, 0o644); err != nil {
 		return d.fail(err)
 	}
 	first := d.written == nil
@@ -209,28 +210,4 @@ func (d *DropIn) Watch(ctx context.Context, period time.Duration) {
 		}
 		// Otherwise still changing: look again at the next tick.
 	}
-}
-
-// writeFileAtomic replaces path in one rename, so that CoreDNS never reads half a Corefile.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }

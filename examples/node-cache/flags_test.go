@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/atomicfile"
 )
 
 // newFlagSet returns a flag set with node-cache's flags and stand-ins for the three of coremain's that
@@ -233,22 +234,7 @@ func TestFlagsMatchTypedConfig(t *testing.T) {
 // and which reads as a valid, empty setting).
 func writeFile(t *testing.T, path string, content []byte) {
 	t.Helper()
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(content)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := atomicfile.Write(path, content, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
