@@ -68,9 +68,8 @@ type handoffState struct {
 }
 
 // startAsSuccessor starts an instance while another process owns the node (New failed with lockErr):
-// it queues to take the node over, checks that the owner's link holds its addresses and that it can listen
-// beside the owner, and probes its own server in the background until it can say it is ready. n.mu is
-// held; it is the process's first start.
+// it queues to take the node over, checks that the owner's link holds its addresses, and probes its own
+// server in the background until it can say it is ready. n.mu is held; it is the process's first start.
 func (n *node) startAsSuccessor(in *instance, lockErr error) error {
 	q, err := nodelocal.Queue(in.settings.reconcilerConfig())
 	if err != nil {
@@ -87,10 +86,9 @@ func (n *node) startAsSuccessor(in *instance, lockErr error) error {
 		countSetupError(err)
 		return fmt.Errorf("cannot take the node over from %s: %w", q.Owner(), err)
 	}
-	if err := checkListen(in.listenAddrs()); err != nil {
-		q.Close()
-		return fmt.Errorf("cannot serve beside %s: %w", q.Owner(), err)
-	}
+	// No checkListen here: a socket opened and closed in the owner's live reuseport group drops the queries
+	// hashed to it meanwhile (UDP) and resets the connections (TCP). A successor has changed nothing it would
+	// have to undo, and one whose listeners cannot open never answers, so it never takes the node.
 	n.handoff.successor, n.handoff.successorOf = q, q.Owner()
 	n.live[in] = struct{}{}
 	n.settings = in.settings
