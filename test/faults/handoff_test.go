@@ -29,6 +29,25 @@ const (
 	restartLoadMin  = 15 * time.Second
 )
 
+// startLoad starts lookups to both addresses from the Pod and lets them run for two seconds before the
+// caller replaces the cache. The function it returns ends the load (once restartLoadMin has passed) and
+// returns the results per address.
+func (r *rig) startLoad() (stop func() map[string]simnode.LoadResult) {
+	done := make(chan struct{})
+	var results map[string]simnode.LoadResult
+	loaded := make(chan struct{})
+	go func() {
+		defer close(loaded)
+		results = r.runLoad(done)
+	}()
+	time.Sleep(2 * time.Second) // the load is running
+	return func() map[string]simnode.LoadResult {
+		close(done)
+		<-loaded
+		return results
+	}
+}
+
 // runLoad sends lookups to both addresses from the Pod until at least restartLoadMin has passed and done
 // is closed, and returns the results per address.
 func (r *rig) runLoad(done <-chan struct{}) map[string]simnode.LoadResult {
@@ -134,14 +153,7 @@ func newHandoverRig(t *testing.T) *rig {
 func TestReplaceWithAGap(t *testing.T) {
 	r := newHandoverRig(t)
 	old := r.startCache()
-	done := make(chan struct{})
-	var results map[string]simnode.LoadResult
-	loaded := make(chan struct{})
-	go func() {
-		defer close(loaded)
-		results = r.runLoad(done)
-	}()
-	time.Sleep(2 * time.Second) // the load is running
+	stopLoad := r.startLoad()
 	r.stop(old)
 	if !strings.Contains(old.Output(), "handed the node to the cluster DNS") {
 		t.Errorf("the old cache did not hand the node over:\n%s", old.Output())
@@ -154,8 +166,7 @@ func TestReplaceWithAGap(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // the gap of the rolling update
 	r.startCache()
-	close(done)
-	<-loaded
+	results := stopLoad()
 	r.checkNoLookupLost(results)
 	r.checkServedUntracked()
 }
@@ -166,22 +177,14 @@ func TestReplaceWithAGap(t *testing.T) {
 func TestReplaceWithASuccessor(t *testing.T) {
 	r := newHandoverRig(t)
 	old := r.startCache()
-	done := make(chan struct{})
-	var results map[string]simnode.LoadResult
-	loaded := make(chan struct{})
-	go func() {
-		defer close(loaded)
-		results = r.runLoad(done)
-	}()
-	time.Sleep(2 * time.Second)
+	stopLoad := r.startLoad()
 	next := r.startSuccessor()
 	r.waitLog(old, "handed the node over", 1, 10*time.Second)
 	r.stop(old)
 	if !strings.Contains(old.Output(), "left the link, the addresses and the rules to the successor") {
 		t.Errorf("the old cache did not leave the node to its successor:\n%s", old.Output())
 	}
-	close(done)
-	<-loaded
+	results := stopLoad()
 	r.checkNoLookupLost(results)
 	r.checkServedUntracked()
 	if next.Exited() {
@@ -195,20 +198,12 @@ func TestReplaceWithASuccessor(t *testing.T) {
 func TestTwoQuickRestarts(t *testing.T) {
 	r := newHandoverRig(t)
 	first := r.startCache()
-	done := make(chan struct{})
-	var results map[string]simnode.LoadResult
-	loaded := make(chan struct{})
-	go func() {
-		defer close(loaded)
-		results = r.runLoad(done)
-	}()
-	time.Sleep(2 * time.Second)
+	stopLoad := r.startLoad()
 	r.stop(first)
 	second := r.startCache()
 	r.stop(second)
 	r.startCache()
-	close(done)
-	<-loaded
+	results := stopLoad()
 	r.checkNoLookupLost(results)
 	r.checkServedUntracked()
 }
@@ -409,19 +404,11 @@ func TestRestartFigures(t *testing.T) {
 			r.handover = handover
 			r.writeCorefile(r.corefile(53))
 			old := r.startCache()
-			done := make(chan struct{})
-			var results map[string]simnode.LoadResult
-			loaded := make(chan struct{})
-			go func() {
-				defer close(loaded)
-				results = r.runLoad(done)
-			}()
-			time.Sleep(2 * time.Second)
+			stopLoad := r.startLoad()
 			r.stop(old)
 			time.Sleep(3 * time.Second)
 			r.startCache()
-			close(done)
-			<-loaded
+			results := stopLoad()
 			for _, server := range []string{kubeDNS, linkLocal} {
 				t.Logf("handover %v, %s: %v", handover, server, results[server])
 			}
