@@ -273,4 +273,3 @@ func TestFastRoutingRoutesLikeTheServer(t *testing.T) {
 		}
 	}
 }
-
