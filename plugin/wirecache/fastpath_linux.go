@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,10 +40,12 @@ const (
 	// passQueue is how many queries wait for CoreDNS's server before the readers wait for it.
 	passQueue = 256
 
-	// steerCheck is how often the fast path checks that its address's group still sends packets to it;
-	// probeWait bounds the wait for one probe.
-	steerCheck = 5 * time.Second
-	probeWait  = time.Second
+	// steerCheck is how often the fast path reads who is in its address's group, steerVerify how often it
+	// checks with a probe that the group still sends packets to it, and probeWait bounds the wait for one
+	// probe.
+	steerCheck  = time.Second
+	steerVerify = 10 * time.Second
+	probeWait   = time.Second
 	// passDrainWait bounds the wait for CoreDNS's server to take the queries passed to it when stopping.
 	passDrainWait = 2 * time.Second
 	// shutdownWait bounds the wait for the queries CoreDNS's server is still answering when stopping.
@@ -137,8 +140,12 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 func (fp *fastPath) stop() {
 	fp.steerStop()
 	<-fp.steerDone
-	if err := fp.steer(context.Background(), false); err != nil {
-		log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
+	if group, err := drain.Group(drain.UDP, fp.local); err != nil {
+		log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
+	} else if !hasForeign(group) {
+		if err := fp.steer(context.Background(), group, false); err != nil {
+			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
+		}
 	}
 	fp.stopping.Store(true)
 	// Wakes the readers waiting for a packet; each then empties the socket without waiting, and returns.
@@ -157,37 +164,68 @@ func (fp *fastPath) stop() {
 	fp.conn.Close()
 }
 
-// keepSteered steers the group to the fast path's socket now and every steerCheck, which also checks that
-// it still is (a successor's hand-off, for one, changes the group's program).
+// keepSteered steers the group to the fast path's socket, and checks every steerCheck who is in the group.
+// While another process has sockets there (a successor that must prove it answers, then takes the node
+// over and steers the group itself), the fast path gives the group back to the kernel's hash once and
+// leaves it alone. Otherwise it steers again when the group changed, and checks with a probe every
+// steerVerify that packets still come to it.
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
 	t := time.NewTicker(steerCheck)
 	defer t.Stop()
-	var last error
-	steered := false
-	defer func() {
-		if steered {
-			fp.steered.Dec()
-		}
-	}()
-	for first := true; ; first = false {
-		err := fp.steer(ctx, true)
-		if ctx.Err() != nil {
+	var (
+		steered, yielded bool
+		lastGroup        string
+		lastErr          string
+		lastVerified     time.Time
+	)
+	setSteered := func(now bool) {
+		if now == steered {
 			return
 		}
-		switch {
-		case err == nil && (first || last != nil):
+		steered = now
+		if steered {
+			fp.steered.Inc()
 			log.Infof("fast path on %s: the address's UDP queries come to it", fp.srv.Addr)
-		case err != nil && (first || last == nil || err.Error() != last.Error()):
-			log.Infof("fast path on %s: %v; the plugin chain's socket answers meanwhile", fp.srv.Addr, err)
+		} else {
+			fp.steered.Dec()
 		}
-		last = err
-		if now := err == nil; now != steered {
-			steered = now
-			if steered {
-				fp.steered.Inc()
-			} else {
-				fp.steered.Dec()
+	}
+	defer setSteered(false)
+	for {
+		group, err := drain.Group(drain.UDP, fp.local)
+		switch {
+		case err != nil:
+			if msg := err.Error(); msg != lastErr {
+				log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
+				lastErr = msg
+			}
+		case hasForeign(group):
+			if !yielded {
+				setSteered(false)
+				yielded = true
+				if err := drain.Unsteer(drain.UDP, fp.local); err != nil {
+					log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
+				}
+				log.Infof("fast path on %s: another process listens on the address too; its packets are spread by the kernel's hash and the group is left to that process", fp.srv.Addr)
+			}
+		default:
+			yielded = false
+			if sig := groupSignature(group); sig != lastGroup || !steered || time.Since(lastVerified) >= steerVerify {
+				err := fp.steer(ctx, group, true)
+				if ctx.Err() != nil {
+					return
+				}
+				lastGroup, lastVerified = sig, time.Now()
+				if err != nil {
+					if msg := err.Error(); msg != lastErr {
+						log.Infof("fast path on %s: %v; the plugin chain's socket answers meanwhile", fp.srv.Addr, err)
+						lastErr = msg
+					}
+				} else {
+					lastErr = ""
+				}
+				setSteered(err == nil)
 			}
 		}
 		select {
@@ -198,23 +236,30 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 	}
 }
 
-// errNotOurs is steer's answer while another process has sockets in the group: a successor taking the node
-// over steers it (see notrack), and the fast path leaves it alone.
-var errNotOurs = errors.New("another process listens on the address too; its group is left as it is")
-
-// steer points the address's reuseport group at the fast path's socket (toUs) or at another socket of this
-// process, and checks with a probe that packets land there. Socket indexes move as sockets leave, so each
-// index is tried until a probe lands where it should.
-func (fp *fastPath) steer(ctx context.Context, toUs bool) error {
-	group, err := drain.Group(drain.UDP, fp.local)
-	if err != nil {
-		return fmt.Errorf("read the sockets bound to %s: %w", fp.local, err)
-	}
+func hasForeign(group []drain.Socket) bool {
 	for _, s := range group {
 		if s.FD < 0 {
-			return errNotOurs
+			return true
 		}
 	}
+	return false
+}
+
+// groupSignature names the sockets of a group, in any order.
+func groupSignature(group []drain.Socket) string {
+	inodes := make([]uint64, len(group))
+	for i, s := range group {
+		inodes[i] = s.Inode
+	}
+	slices.Sort(inodes)
+	return fmt.Sprint(inodes)
+}
+
+// steer points the address's reuseport group at the fast path's socket (toUs) or at another socket of this
+// process, and checks with a probe that packets land there. group is the group's sockets, all this
+// process's: another process's group is not this one's to steer. Socket indexes move as sockets leave, so each
+// index is tried until a probe lands where it should.
+func (fp *fastPath) steer(ctx context.Context, group []drain.Socket, toUs bool) error {
 	n := len(group)
 	if n < 2 {
 		return nil // nobody to share with, nothing to steer
