@@ -166,8 +166,8 @@ func (fp *fastPath) stop() {
 
 // keepSteered steers the group to the fast path's socket, and checks every steerCheck who is in the group.
 // While another process has sockets there (a successor that must prove it answers, then takes the node
-// over and steers the group itself), the fast path gives the group back to the kernel's hash once and
-// leaves it alone. Otherwise it steers again when the group changed, and checks with a probe every
+// over and steers the group itself), the fast path gives the group back to the kernel's hash once, if it
+// was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and checks with a probe every
 // steerVerify that packets still come to it.
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
@@ -201,14 +201,28 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 				lastErr = msg
 			}
 		case hasForeign(group):
-			if !yielded {
-				setSteered(false)
-				yielded = true
-				if err := drain.Unsteer(drain.UDP, fp.local); err != nil {
-					log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
-				}
-				log.Infof("fast path on %s: another process listens on the address too; its packets are spread by the kernel's hash and the group is left to that process", fp.srv.Addr)
+			if yielded {
+				break
 			}
+			// Only a group steered to this socket is given back: a program another process attached is
+			// that process's business.
+			landed, err := fp.probeOnce(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				break // asked again next time
+			}
+			setSteered(false)
+			yielded = true
+			if !landed {
+				log.Infof("fast path on %s: another process listens on the address too; the group is left to it", fp.srv.Addr)
+				break
+			}
+			if err := drain.Unsteer(drain.UDP, fp.local); err != nil {
+				log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
+			}
+			log.Infof("fast path on %s: another process listens on the address too; its packets are spread by the kernel's hash and the group is left to that process", fp.srv.Addr)
 		default:
 			yielded = false
 			if sig := groupSignature(group); sig != lastGroup || !steered || time.Since(lastVerified) >= steerVerify {
