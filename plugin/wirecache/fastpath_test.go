@@ -2,6 +2,7 @@ package wirecache
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"sync/atomic"
 	"testing"
@@ -272,4 +273,45 @@ func TestFastRoutingRoutesLikeTheServer(t *testing.T) {
 			t.Errorf("%s routed to %p, want %p", name, got, want)
 		}
 	}
+}
+
+// TestFastPathIPv6 answers hits on an IPv6 address, to an IPv6 sender.
+func TestFastPathIPv6(t *testing.T) {
+	port := freePort6(t)
+	addr := fmt.Sprintf("[::1]:%d", port)
+	server := "dns://" + addr
+	startCoreDNS(t, fmt.Sprintf(".:%d {\n    bind ::1\n    wirecache\n    template IN A {\n        answer \"{{ .Name }} 60 IN A 192.0.2.3\"\n    }\n}\n", port))
+	waitFastPathSteered(t, server, addr)
+	if got := askA(t, addr, "v6.example.net."); got != "192.0.2.3" {
+		t.Fatalf("v6.example.net.: %s", got)
+	}
+	passed := counterValue(t, fastPathPassed, server)
+	for range 3 {
+		if got := askA(t, addr, "v6.example.net."); got != "192.0.2.3" {
+			t.Fatalf("v6.example.net. asked again: %s", got)
+		}
+	}
+	if got := counterValue(t, fastPathPassed, server) - passed; got != 0 {
+		t.Errorf("the fast path passed %v hits to the server", got)
+	}
+}
+
+// freePort6 returns a port free on ::1 for both UDP and TCP.
+func freePort6(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "[::1]:0")
+		if err != nil {
+			t.Fatalf("no IPv6 loopback: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", fmt.Sprintf("[::1]:%d", port))
+		l.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no port free on ::1 for both UDP and TCP")
+	return 0
 }
