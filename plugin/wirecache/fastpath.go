@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -75,10 +76,7 @@ func (f *fastPaths) notice(ctx context.Context) {
 		return
 	}
 	f.servers[srv] = nil
-	blocks := make(map[*dnsserver.Config]*WireCache, len(f.blocks))
-	for cfg, wc := range f.blocks {
-		blocks[cfg] = wc
-	}
+	blocks := maps.Clone(f.blocks)
 	f.starting.Go(func() { f.start(srv, blocks) })
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -639,7 +640,7 @@ func sockaddrUDP(name *unix.RawSockaddrInet6, namelen uint32) *net.UDPAddr {
 		port := (*[2]byte)(unsafe.Pointer(&name.Port))
 		addr := netip.AddrFrom16(name.Addr)
 		if name.Scope_id != 0 {
-			addr = addr.WithZone(fmt.Sprint(name.Scope_id))
+			addr = addr.WithZone(strconv.FormatUint(uint64(name.Scope_id), 10))
 		}
 		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, binary.BigEndian.Uint16(port[:])))
 	}
