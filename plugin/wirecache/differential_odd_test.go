@@ -2,10 +2,7 @@ package wirecache
 
 import (
 	"errors"
-	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -42,20 +39,7 @@ func rawExchange(t *testing.T, addr string, b []byte, wait time.Duration) []byte
 // wirecache (its UDP queries read by the fast path) and to the same block without, three times each, and
 // requires the same replies.
 func TestDifferentialOddQueries(t *testing.T) {
-	dir := t.TempDir()
-	zoneFile := filepath.Join(dir, "example.org.db")
-	if err := os.WriteFile(zoneFile, []byte(differentialZone), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	upstream, with, without := freePort(t), freePort(t), freePort(t)
-	startCoreDNS(t, fmt.Sprintf("example.org:%d {\n bind 127.0.0.1\n file %s\n}\n", upstream, zoneFile))
-	block := func(port int, extra string) string {
-		return fmt.Sprintf(".:%d {\n bind 127.0.0.1\n %s\n errors\n cache\n forward . 127.0.0.1:%d\n}\n", port, extra, upstream)
-	}
-	startCoreDNS(t, block(with, "wirecache"))
-	startCoreDNS(t, block(without, ""))
-	withAddr, withoutAddr := fmt.Sprintf("127.0.0.1:%d", with), fmt.Sprintf("127.0.0.1:%d", without)
-	waitFastPathSteered(t, "dns://"+withAddr, withAddr)
+	withAddr, withoutAddr := startDifferentialPair(t, differentialZone)
 
 	pack := func(edit func(m *dns.Msg)) []byte {
 		m := newQuery("www.example.org.", dns.TypeA, 1232, false)
