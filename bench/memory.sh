@@ -27,8 +27,10 @@
 # dnsperf must see only NOERROR answers and at most 0.1 % of queries lost, or the run fails; the lost
 # queries are reported.
 #
-# NODE_CACHE=PATH measures that build instead of building examples/node-cache as its Dockerfile does (static,
-# stripped); the cluster DNS and the node's resolver run it too. PROFILE_DIR=DIR (with a build that has the
+# NODE_CACHE=PATH measures that build (and PATH-full beside it, if any) instead of building examples/node-cache
+# as its Dockerfile does (static, stripped, the lean node-cache and node-cache-full); the cluster DNS and the
+# node's resolver run it too. NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build (an
+# executable script that execs a build with other settings will do), to measure a change in the same rounds. PROFILE_DIR=DIR (with a build that has the
 # pprof plugin) adds `pprof 127.0.0.1:6060` to the cache's first server block and saves heap profiles
 # (.heap, and .txt with the runtime's MemStats) at each of the three points into DIR. KEEP=1 keeps the logs.
 #
@@ -74,12 +76,11 @@ trap cleanup EXIT
 
 simnode_up "nlmem$$"
 
-if [ -n "${NODE_CACHE:-}" ]; then
-    cp "$NODE_CACHE" "$work/node-cache"
-else
-    # As examples/node-cache/Dockerfile builds it.
-    echo "building examples/node-cache as its Dockerfile does"
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache" ./examples/node-cache
+simnode_node_cache
+if [ -n "${NODE_CACHE_ALT:-}" ]; then
+    cp "$NODE_CACHE_ALT" "$work/node-cache-alt"
+    [ ! -e "$NODE_CACHE_ALT-full" ] || cp "$NODE_CACHE_ALT-full" "$work/node-cache-alt-full"
+    VARIANTS="$VARIANTS alt"
 fi
 
 # The cluster DNS and the node's resolver: the same build, answering every A query.
