@@ -61,5 +61,6 @@ func main() {
 	if err := startDropIn(directives); err != nil {
 		log.Fatalf("node-cache: %v", err)
 	}
+	registerStartupTrim() // trim.go: the binary's pages touched only while starting leave RSS
 	coremain.Run()
 }
