@@ -180,6 +180,11 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					}
 					wc.StaleTTL = uint32(d / time.Second)
 				}
+			case "repeats_only":
+				if len(args) != 0 {
+					return nil, c.ArgErr()
+				}
+				wc.RepeatsOnly = true
 			default:
 				return nil, c.Errf("unknown property '%s'", property)
 			}
