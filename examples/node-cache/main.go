@@ -50,6 +50,7 @@ import (
 
 func main() {
 	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
+	applyGCPercent()   // GOGC=50 unless set (memlimit.go)
 	runSideMode()      // -guard and -preflight (guard.go, preflight.go) run here and exit
 	directives, err := compiledDirectives()
 	if err != nil {
