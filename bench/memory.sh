@@ -21,7 +21,9 @@
 #
 # Per run, from /proc/PID/status of the cache:
 #   start    VmRSS once it answers, plus 1 s
-#   names    VmRSS after NAMES distinct names (svcN.nsM.svc.cluster.local A), each asked once, at NAMES_RATE q/s
+#   names    VmRSS after NAMES distinct names (svcN.nsM.svc.cluster.local A), each asked once (NAMES_REPEAT
+#            times in a row with NAMES_REPEAT=N, so that wirecache's repeats_only stores them too: full caches),
+#            at NAMES_RATE q/s
 #   peak     VmHWM after DURATION s of mixed load at RATE q/s: HOT_PERCENT % of queries for the first HOT of
 #            those names, the rest for names never asked before
 # dnsperf must see only NOERROR answers and at most 0.1 % of queries lost, or the run fails; the lost
@@ -43,6 +45,7 @@ NAMES=${NAMES:-10000}
 DURATION=${DURATION:-10}
 RATE=${RATE:-10000}
 NAMES_RATE=${NAMES_RATE:-2000}
+NAMES_REPEAT=${NAMES_REPEAT:-1}
 HOT=${HOT:-1000}
 HOT_PERCENT=${HOT_PERCENT:-90}
 VARIANTS=${VARIANTS:-shipped upstream unbound}
@@ -53,7 +56,7 @@ cd "$(dirname "$0")/.."
 
 die() { echo "memory bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS NAMES DURATION RATE NAMES_RATE HOT; do
+for v in ROUNDS NAMES DURATION RATE NAMES_RATE NAMES_REPEAT HOT; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
 done
 [[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
@@ -132,7 +135,7 @@ profile() {
 simnode_unbound_conf
 
 # Queries: NAMES distinct names, then the mixed load (RATE * DURATION queries, so no new name repeats).
-seq 1 "$NAMES" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$work/queries.names"
+seq 1 "$NAMES" | awk -v r="$NAMES_REPEAT" '{ for (i = 0; i < r; i++) printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$work/queries.names"
 awk -v n=$((RATE * DURATION)) -v names="$NAMES" -v hot="$HOT" -v pct="$HOT_PERCENT" 'BEGIN {
     srand(1); fresh = names
     for (i = 0; i < n; i++) {
