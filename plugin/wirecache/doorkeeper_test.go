@@ -9,14 +9,14 @@ import (
 
 func TestDoorkeeper(t *testing.T) {
 	d := newDoorkeeper(10000)
-	if len(d.slots) != 8192 {
-		t.Errorf("%d slots for 10000 entries, want 8192", len(d.slots))
+	if len(d.slots) != 4096 {
+		t.Errorf("%d slots for 10000 entries, want 4096", len(d.slots))
 	}
 	if n := len(newDoorkeeper(1).slots); n != 1024 {
 		t.Errorf("%d slots for 1 entry, want 1024", n)
 	}
-	if n := len(newDoorkeeper(1 << 30).slots); n != 1<<16 {
-		t.Errorf("%d slots for 2^30 entries, want 65536", n)
+	if n := len(newDoorkeeper(1 << 30).slots); n != 1<<14 {
+		t.Errorf("%d slots for 2^30 entries, want 16384", n)
 	}
 	const h = 0x1234_5678_9abc_0042
 	if d.seen(h) {
@@ -26,7 +26,7 @@ func TestDoorkeeper(t *testing.T) {
 		t.Error("a repeated question was not seen")
 	}
 	// Another question in the same slot takes it.
-	other := uint64(h + 8192)
+	other := uint64(h + 4096)
 	if d.seen(other) {
 		t.Error("a new question in a taken slot was seen")
 	}
