@@ -130,6 +130,27 @@ func SteerToNewest(network Network, local netip.AddrPort) (int, error) {
 	return len(group), nil
 }
 
+// SteerTo makes the kernel send every new UDP packet for local to the socket at index in its reuseport
+// group, through one of the calling process's sockets in it. Indexes follow the order the sockets joined,
+// except that a socket leaving the group hands its index to the last one; so the caller should check where
+// packets land (a probe) rather than trust an index it computed.
+func SteerTo(network Network, local netip.AddrPort, index uint32) error {
+	if network != UDP {
+		return fmt.Errorf("cannot steer %s: the kernel takes classic BPF for UDP reuseport groups only", network)
+	}
+	own, err := Own(network, local)
+	if err != nil {
+		return err
+	}
+	if len(own) == 0 {
+		return fmt.Errorf("no %s socket of this process is bound to %s", network, local)
+	}
+	if err := attach(own[0].FD, index); err != nil {
+		return fmt.Errorf("steer %s %s to socket %d of its group: %w", network, local, index, err)
+	}
+	return nil
+}
+
 // MigrateReq is the sysctl that makes a closing TCP listener hand its accept queue to another listener of
 // its reuseport group.
 const MigrateReq = "/proc/sys/net/ipv4/tcp_migrate_req"

@@ -43,6 +43,11 @@ func (n *Notrack) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg
 	return n.Next.ServeDNS(ctx, w, r)
 }
 
+// BypassedByCacheHits tells wirecache's fast path that it may answer a hit without running notrack: notrack
+// answers only its own probes, which are never stored, and a stopping process waits for the fast path's
+// socket to empty as it waits for the queries counted here.
+func (n *Notrack) BypassedByCacheHits() bool { return true }
+
 // Ready implements the ready plugin's Readiness: true once the block's rules are in place (or left to
 // others with no_rules) and the last sync of the node succeeded.
 func (n *Notrack) Ready() bool { return theNode.ready(n.block) }

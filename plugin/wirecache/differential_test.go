@@ -178,6 +178,11 @@ func TestDifferential(t *testing.T) {
 	startCoreDNS(t, block(with, "wirecache"))
 	startCoreDNS(t, block(without, ""))
 	withAddr, withoutAddr := fmt.Sprintf("127.0.0.1:%d", with), fmt.Sprintf("127.0.0.1:%d", without)
+	// UDP queries to the block with wirecache are answered by its fast path: the corpus checks its replies.
+	withServer := "dns://" + withAddr
+	waitFastPathSteered(t, withServer, withAddr)
+	fastBefore := counterValue(t, fastPathQueries, withServer)
+	udpQueries := 0
 
 	type question struct {
 		name  string
@@ -209,6 +214,9 @@ func TestDifferential(t *testing.T) {
 							q.Id, q.CheckingDisabled, q.AuthenticatedData = id, fl.cd, fl.ad
 							before := sumCounter(hitsTotal)
 							got := exchange(t, q, withAddr, tcp)
+							if !tcp {
+								udpQueries++
+							}
 							hit := sumCounter(hitsTotal) > before
 							want := exchange(t, q, withoutAddr, tcp)
 							queries++
@@ -238,6 +246,9 @@ func TestDifferential(t *testing.T) {
 		}
 	}
 	t.Logf("%d queries to each server, %d wirecache hits (%d required)", queries, hits, expectedHits)
+	if fast := counterValue(t, fastPathQueries, withServer) - fastBefore; fast < float64(udpQueries) {
+		t.Errorf("the fast path read %v of the %d UDP queries", fast, udpQueries)
+	}
 	if expectedHits == 0 || hits < expectedHits {
 		t.Errorf("%d hits, want at least %d", hits, expectedHits)
 	}

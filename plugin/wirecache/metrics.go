@@ -31,6 +31,24 @@ var (
 		Name:      "served_stale_total",
 		Help:      "Counter of queries answered from an expired wirecache entry because the plugins after it failed.",
 	}, []string{"server"})
+	fastPathQueries = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "fastpath_datagrams_total",
+		Help:      "Counter of UDP datagrams wirecache's fast path read, hits and queries it passed to CoreDNS's server alike.",
+	}, []string{"server"})
+	fastPathPassed = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "fastpath_passed_total",
+		Help:      "Counter of UDP datagrams wirecache's fast path passed to CoreDNS's server because it could not answer them.",
+	}, []string{"server"})
+	fastPathSteered = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "fastpath_steered",
+		Help:      "The wirecache fast paths the server's UDP queries are steered to: 1, or 0 when none is (2 briefly, while a reload hands over).",
+	}, []string{"server"})
 	entriesGauge = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: pluginName,
@@ -56,6 +74,8 @@ type serverMetrics struct {
 	// core counts hits in CoreDNS's own series; nil when the block's prometheus plugin sees every query or
 	// there is none.
 	core *coreSeries
+	// fastNoticed is set once the block's fast paths know of the server.
+	fastNoticed atomic.Bool
 }
 
 // held publishes what s holds.
@@ -74,7 +94,11 @@ type serverMetricsSet struct {
 // forServer returns the metrics of the server handling ctx's query; metricsZones are the block's prometheus
 // zones when hits must be counted in CoreDNS's own series (see coreSeries), nil otherwise.
 func (s *serverMetricsSet) forServer(ctx context.Context, metricsZones []string) *serverMetrics {
-	addr := serverAddr(ctx)
+	return s.forAddr(serverAddr(ctx), metricsZones)
+}
+
+// forAddr returns the metrics of the server listening on addr (dnsserver.Server.Addr).
+func (s *serverMetricsSet) forAddr(addr string, metricsZones []string) *serverMetrics {
 	if list := s.list.Load(); list != nil {
 		for _, m := range *list {
 			if m.addr == addr {

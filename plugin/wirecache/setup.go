@@ -25,6 +25,10 @@ func setup(c *caddy.Controller) error {
 	}
 
 	block := strings.Join(c.ServerBlockKeys, " ")
+	fast, first := instanceFastPaths(c)
+	if first {
+		c.OnShutdown(fast.stop)
+	}
 	c.OnStartup(func() error {
 		// The plugin chain is compiled by now, so the handlers of the whole block are known.
 		cfg := dnsserver.GetConfig(c)
@@ -39,6 +43,14 @@ func setup(c *caddy.Controller) error {
 		}
 		wc.floorer = floorer
 		wc.metricsZones = blockMetricsZones(cfg, dnsserver.Directives)
+		if wc.FastPath && !wc.stepAside {
+			if reasons := fastPathReasons(cfg, dnsserver.Directives); len(reasons) > 0 {
+				log.Infof("server block %q: no fast path: %s", block, strings.Join(reasons, "; "))
+			} else {
+				fast.register(cfg, wc)
+				wc.fast = fast
+			}
+		}
 		return nil
 	})
 
@@ -185,6 +197,11 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.ArgErr()
 				}
 				wc.RepeatsOnly = true
+			case "fastpath":
+				if len(args) != 1 || (args[0] != "on" && args[0] != "off") {
+					return nil, c.Errf("fastpath takes on or off")
+				}
+				wc.FastPath = args[0] == "on"
 			default:
 				return nil, c.Errf("unknown property '%s'", property)
 			}

@@ -26,6 +26,7 @@ func TestSetup(t *testing.T) {
 		min, max time.Duration
 		allZones bool
 		repeats  bool
+		noFast   bool
 	}{
 		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
 		{input: "wirecache", keys: []string{"cluster.local:53"}, zones: []string{"cluster.local."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
@@ -58,6 +59,10 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache {\n capacity 5\n capacity 6\n}", wantErr: "given twice"},
 		{input: "wirecache {\n prefetch 5\n}", wantErr: "unknown property 'prefetch'"},
 		{input: "wirecache\nwirecache", wantErr: plugin.ErrOnce.Error()},
+		{input: "wirecache {\n fastpath off\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, noFast: true},
+		{input: "wirecache {\n fastpath on\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
+		{input: "wirecache {\n fastpath\n}", wantErr: "fastpath takes on or off"},
+		{input: "wirecache {\n fastpath no\n}", wantErr: "fastpath takes on or off"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.input, func(t *testing.T) {
@@ -78,6 +83,9 @@ func TestSetup(t *testing.T) {
 			}
 			if tc.memory == 0 {
 				tc.memory = DefaultMaxMemory
+			}
+			if wc.FastPath == tc.noFast {
+				t.Errorf("fastpath %v, want %v", wc.FastPath, !tc.noFast)
 			}
 			if !slices.Equal(wc.Zones, tc.zones) || wc.Capacity != tc.capacity || wc.MaxMemory != tc.memory || wc.MinTTL != tc.min || wc.MaxTTL != tc.max {
 				t.Errorf("got zones %v capacity %d max_memory %d ttl %v..%v", wc.Zones, wc.Capacity, wc.MaxMemory, wc.MinTTL, wc.MaxTTL)

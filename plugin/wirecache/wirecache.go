@@ -67,6 +67,10 @@ type WireCache struct {
 	// metricsZones, set at startup when the block's prometheus plugin runs after wirecache, are that plugin's
 	// zones; hits are then counted in CoreDNS's own series too (see coreSeries). Nil otherwise.
 	metricsZones []string
+	// FastPath lets the block's hits be answered by the fast path (see fastpath.go) where it qualifies;
+	// fast, set at startup when it does, are the fast paths of the instance.
+	FastPath bool
+	fast     *fastPaths
 
 	allZones   bool
 	store      *store
@@ -78,7 +82,7 @@ type WireCache struct {
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
 func New() *WireCache {
-	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now}
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now, FastPath: true}
 	wc.buffers.New = func() any {
 		b := make([]byte, 0, maxEntryWire+optLen)
 		return &b
@@ -111,7 +115,7 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 		if !wc.inZones(r) {
 			return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 		}
-		wc.metrics.forServer(ctx, wc.metricsZones).misses.Inc()
+		wc.serverMetrics(ctx).misses.Inc()
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
 
@@ -123,7 +127,7 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	if e == nil && !wc.inZones(r) {
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
-	m := wc.metrics.forServer(ctx, wc.metricsZones)
+	m := wc.serverMetrics(ctx)
 	var stale *entry
 	if e != nil {
 		if !now.Before(e.expires) {
@@ -189,6 +193,17 @@ func (wc *WireCache) serveStale(w dns.ResponseWriter, e *entry, q *query, m *ser
 		return true, plugin.Error(pluginName, err)
 	}
 	return true, nil
+}
+
+// serverMetrics returns the metrics of the server handling ctx's query and, the first time, tells the
+// instance's fast paths of that server.
+func (wc *WireCache) serverMetrics(ctx context.Context) *serverMetrics {
+	m := wc.metrics.forServer(ctx, wc.metricsZones)
+	if wc.fast != nil && !m.fastNoticed.Load() {
+		m.fastNoticed.Store(true)
+		wc.fast.notice(ctx)
+	}
+	return m
 }
 
 func (wc *WireCache) inZones(r *dns.Msg) bool {

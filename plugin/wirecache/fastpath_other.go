@@ -1,0 +1,19 @@
+//go:build !linux
+
+package wirecache
+
+import (
+	"errors"
+	"net/netip"
+
+	"github.com/coredns/coredns/core/dnsserver"
+)
+
+// fastPath is Linux's alone: it needs recvmmsg, sendmmsg and reuseport BPF.
+type fastPath struct{}
+
+func startFastPath(*dnsserver.Server, netip.AddrPort, fastRouting) (*fastPath, error) {
+	return nil, errors.New("the fast path needs Linux")
+}
+
+func (*fastPath) stop() {}

@@ -1,0 +1,317 @@
+package wirecache
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
+	_ "github.com/coredns/coredns/plugin/bufsize"
+	_ "github.com/coredns/coredns/plugin/template"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// counterValue returns the child of vec with the one label value server.
+func counterValue(t *testing.T, vec *prometheus.CounterVec, server string) float64 {
+	t.Helper()
+	c, err := vec.GetMetricWithLabelValues(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return value(c)
+}
+
+func gaugeValue(t *testing.T, vec *prometheus.GaugeVec, server string) float64 {
+	t.Helper()
+	g, err := vec.GetMetricWithLabelValues(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return value(g)
+}
+
+// waitFastPathSteered sends a query to addr, which starts the fast path of its server, and waits until the
+// server's UDP queries are steered to it. The deadline only bounds a failure.
+func waitFastPathSteered(t *testing.T, server, addr string) {
+	t.Helper()
+	q := newQuery("start.fastpath.invalid.", dns.TypeA, 0, false)
+	c := &dns.Client{Timeout: 2 * time.Second}
+	if _, _, err := c.Exchange(q, addr); err != nil {
+		t.Fatalf("first query to %s: %v", addr, err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for gaugeValue(t, fastPathSteered, server) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fast path of %s was not steered to within a minute", server)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// askA asks addr over UDP for name's A record and returns the address answered.
+func askA(t *testing.T, addr, name string) string {
+	t.Helper()
+	c := &dns.Client{Timeout: 5 * time.Second}
+	r, _, err := c.Exchange(newQuery(name, dns.TypeA, 1232, false), addr)
+	if err != nil {
+		t.Fatalf("%s A: %v", name, err)
+	}
+	if len(r.Answer) != 1 {
+		t.Fatalf("%s A: %v", name, r)
+	}
+	return r.Answer[0].(*dns.A).A.String()
+}
+
+const fastPathCorefile = `sub.example.org:%[1]d {
+    bind 127.0.0.1
+    wirecache
+    template IN A sub.example.org {
+        answer "{{ .Name }} 60 IN A 192.0.2.1"
+    }
+}
+example.org:%[1]d {
+    bind 127.0.0.1
+    bufsize 1232
+    wirecache
+    template IN A example.org {
+        answer "{{ .Name }} 60 IN A 192.0.2.2"
+    }
+}
+.:%[1]d {
+    bind 127.0.0.1
+    wirecache
+    template IN A {
+        answer "{{ .Name }} 60 IN A 192.0.2.3"
+    }
+}
+`
+
+// TestFastPathAnswersEachBlocksHits serves three blocks on one address: the fast path answers the hits of
+// the two whose plugins ahead of wirecache it may skip, each from its own block, and passes every query of
+// the block with bufsize ahead of wirecache to CoreDNS's server.
+func TestFastPathAnswersEachBlocksHits(t *testing.T) {
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	server := "dns://" + addr
+	startCoreDNS(t, fmt.Sprintf(fastPathCorefile, port))
+	waitFastPathSteered(t, server, addr)
+
+	for _, tc := range []struct {
+		name, want string
+		fast       bool
+	}{
+		{"a.sub.example.org.", "192.0.2.1", true},
+		{"b.example.org.", "192.0.2.2", false},
+		{"c.example.net.", "192.0.2.3", true},
+		{"sub.example.org.", "192.0.2.1", true},
+		{"example.org.", "192.0.2.2", false},
+	} {
+		if got := askA(t, addr, tc.name); got != tc.want {
+			t.Fatalf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+		passed, hits := counterValue(t, fastPathPassed, server), sumCounter(hitsTotal)
+		for range 3 {
+			if got := askA(t, addr, tc.name); got != tc.want {
+				t.Fatalf("%s asked again: %s, want %s", tc.name, got, tc.want)
+			}
+		}
+		passedAgain := counterValue(t, fastPathPassed, server) - passed
+		if tc.fast && passedAgain != 0 {
+			t.Errorf("%s: the fast path passed %v hits to the server", tc.name, passedAgain)
+		}
+		if !tc.fast && passedAgain != 3 {
+			t.Errorf("%s: the fast path passed %v of 3 queries to the server, want all: bufsize runs ahead of wirecache", tc.name, passedAgain)
+		}
+		if got := sumCounter(hitsTotal) - hits; got != 3 {
+			t.Errorf("%s: %v wirecache hits of 3 queries", tc.name, got)
+		}
+	}
+}
+
+// TestFastPathStopLeavesTheSocket stops an instance and checks that the fast path's socket has left the
+// group, leaving CoreDNS's, and that its metrics say it no longer takes queries.
+func TestFastPathStopLeavesTheSocket(t *testing.T) {
+	useDirectives(t)
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	server := "dns://" + addr
+	inst, err := caddy.Start(caddy.CaddyfileInput{Contents: fmt.Appendf(nil, fastPathCorefile, port), ServerTypeName: "dns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Stop()
+	waitFastPathSteered(t, server, addr)
+	local := netip.MustParseAddrPort(addr)
+	if group, err := drain.Own(drain.UDP, local); err != nil || len(group) != 2 {
+		t.Fatalf("sockets on %s: %v %v, want CoreDNS's and the fast path's", addr, group, err)
+	}
+	inst.ShutdownCallbacks()
+	if group, err := drain.Own(drain.UDP, local); err != nil || len(group) != 1 {
+		t.Fatalf("sockets on %s after the fast path stopped: %v %v, want CoreDNS's alone", addr, group, err)
+	}
+	if got := gaugeValue(t, fastPathSteered, server); got != 0 {
+		t.Errorf("fastpath_steered %v after the stop", got)
+	}
+	// CoreDNS's own socket answers, the group no longer steered to a socket that left.
+	if got := askA(t, addr, "after.example.net."); got != "192.0.2.3" {
+		t.Errorf("after the stop: %s", got)
+	}
+}
+
+// TestFastPathReloadLosesNothing reloads the instance, as the reload plugin does, while a client asks
+// without pause: the old fast path hands the address back and the new one takes it, and no query is lost.
+func TestFastPathReloadLosesNothing(t *testing.T) {
+	useDirectives(t)
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	server := "dns://" + addr
+	input := caddy.CaddyfileInput{Contents: fmt.Appendf(nil, fastPathCorefile, port), ServerTypeName: "dns"}
+	inst, err := caddy.Start(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFastPathSteered(t, server, addr)
+
+	var asked, lost atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c := &dns.Client{Timeout: 2 * time.Second}
+		// Bounded: 20,000 queries at most, and it stops when told.
+		for i := range 20000 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			name := fmt.Sprintf("n%d.sub.example.org.", i%50)
+			r, _, err := c.Exchange(newQuery(name, dns.TypeA, 1232, false), addr)
+			asked.Add(1)
+			if err != nil || len(r.Answer) != 1 {
+				lost.Add(1)
+			}
+		}
+	}()
+	for asked.Load() < 500 {
+		time.Sleep(time.Millisecond)
+	}
+	restarted, err := inst.Restart(input)
+	if err != nil {
+		close(stop)
+		<-done
+		t.Fatal(err)
+	}
+	defer func() {
+		restarted.ShutdownCallbacks()
+		restarted.Stop()
+	}()
+	// The new instance's fast path starts with the first query its chain sees, and takes the address.
+	from := asked.Load()
+	deadline := time.Now().Add(time.Minute)
+	for gaugeValue(t, fastPathSteered, server) != 1 || asked.Load() < from+500 {
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	<-done
+	if got := gaugeValue(t, fastPathSteered, server); got != 1 {
+		t.Errorf("the new instance's fast path was not steered to within a minute")
+	}
+	if lost.Load() > 0 {
+		t.Errorf("%d of %d queries lost across the reload", lost.Load(), asked.Load())
+	}
+	t.Logf("%d queries across the reload, none lost", asked.Load())
+}
+
+// TestServerZonesReadsCoreDNS checks that the fields the fast path reads from CoreDNS's server are where
+// it reads them, in the CoreDNS version this module builds with.
+func TestServerZonesReadsCoreDNS(t *testing.T) {
+	a := &dnsserver.Config{Zone: "example.org.", ListenHosts: []string{"127.0.0.1"}, Port: "53"}
+	b := &dnsserver.Config{Zone: ".", ListenHosts: []string{"127.0.0.1"}, Port: "53"}
+	srv, err := dnsserver.NewServer("dns://127.0.0.1:53", []*dnsserver.Config{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zones, opcodes, err := serverZones(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(zones) != 2 || len(zones["example.org."]) != 1 || zones["example.org."][0] != a || zones["."][0] != b {
+		t.Errorf("zones %v", zones)
+	}
+	if opcodes != 0 {
+		t.Errorf("%d opcodes allowed, want none", opcodes)
+	}
+	a.AllowOpcode(dns.OpcodeUpdate)
+	srv, err = dnsserver.NewServer("dns://127.0.0.1:53", []*dnsserver.Config{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, opcodes, _ := serverZones(srv); opcodes != 1 {
+		t.Errorf("%d opcodes allowed, want UPDATE", opcodes)
+	}
+}
+
+func TestFastRoutingRoutesLikeTheServer(t *testing.T) {
+	sub, org, root := &fastBlock{}, &fastBlock{}, &fastBlock{}
+	r := fastRouting{"sub.example.org.": sub, "example.org.": org, ".": root, "other.example.org.": nil}
+	for name, want := range map[string]*fastBlock{
+		"a.sub.example.org.": sub, "sub.example.org.": sub, "b.example.org.": org, "example.org.": org,
+		"x.other.example.org.": nil, "example.net.": root, ".": root, "org.": root,
+	} {
+		if got := r.route(name); got != want {
+			t.Errorf("%s routed to %p, want %p", name, got, want)
+		}
+	}
+}
+
+// TestFastPathIPv6 answers hits on an IPv6 address, to an IPv6 sender.
+func TestFastPathIPv6(t *testing.T) {
+	port := freePort6(t)
+	addr := fmt.Sprintf("[::1]:%d", port)
+	server := "dns://" + addr
+	startCoreDNS(t, fmt.Sprintf(".:%d {\n    bind ::1\n    wirecache\n    template IN A {\n        answer \"{{ .Name }} 60 IN A 192.0.2.3\"\n    }\n}\n", port))
+	waitFastPathSteered(t, server, addr)
+	if got := askA(t, addr, "v6.example.net."); got != "192.0.2.3" {
+		t.Fatalf("v6.example.net.: %s", got)
+	}
+	passed := counterValue(t, fastPathPassed, server)
+	for range 3 {
+		if got := askA(t, addr, "v6.example.net."); got != "192.0.2.3" {
+			t.Fatalf("v6.example.net. asked again: %s", got)
+		}
+	}
+	if got := counterValue(t, fastPathPassed, server) - passed; got != 0 {
+		t.Errorf("the fast path passed %v hits to the server", got)
+	}
+}
+
+// freePort6 returns a port free on ::1 for both UDP and TCP.
+func freePort6(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "[::1]:0")
+		if err != nil {
+			t.Fatalf("no IPv6 loopback: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", fmt.Sprintf("[::1]:%d", port))
+		l.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no port free on ::1 for both UDP and TCP")
+	return 0
+}

@@ -1,0 +1,176 @@
+package wirecache
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/coredns/coredns/plugin/pkg/edns"
+
+	"github.com/miekg/dns"
+)
+
+// agreesWithParseQuery checks parseWireQuery against what CoreDNS would do with the same bytes: wherever the
+// wire parser accepts a query, miekg/dns unpacks it, CoreDNS's server would pass it to a plugin, and
+// parseQuery reads the same query and key from it.
+func agreesWithParseQuery(t *testing.T, b []byte) (accepted bool) {
+	t.Helper()
+	var wq wireQuery
+	var wkey [keyLen]byte
+	wn, ok := parseWireQuery(b, &wq, &wkey)
+	if !ok {
+		return false
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(b); err != nil {
+		t.Fatalf("parseWireQuery accepted %x, which miekg/dns does not unpack: %v", b, err)
+	}
+	if m.Question[0].Qclass != dns.ClassINET {
+		t.Fatalf("parseWireQuery accepted class %d in %x", m.Question[0].Qclass, b)
+	}
+	if _, err := edns.Version(m); err != nil {
+		t.Fatalf("parseWireQuery accepted %x, which the server answers with BADVERS", b)
+	}
+	if dns.DefaultMsgAcceptFunc(msgHeader(b)) != dns.MsgAccept {
+		t.Fatalf("parseWireQuery accepted %x, which miekg/dns's server rejects", b)
+	}
+	var key [keyLen]byte
+	q, n, ok := parseQuery(m, &key)
+	if !ok {
+		t.Fatalf("parseWireQuery accepted %x, which parseQuery refuses (%v)", b, m)
+	}
+	if q != wq.q {
+		t.Fatalf("%x: parseWireQuery read %+v, parseQuery %+v", b, wq.q, q)
+	}
+	if !bytes.Equal(key[:n], wkey[:wn]) {
+		t.Fatalf("%x: parseWireQuery keyed %q, parseQuery %q", b, wkey[:wn], key[:n])
+	}
+	return true
+}
+
+func msgHeader(b []byte) dns.Header {
+	return dns.Header{
+		Id: binary.BigEndian.Uint16(b), Bits: binary.BigEndian.Uint16(b[2:]),
+		Qdcount: binary.BigEndian.Uint16(b[4:]), Ancount: binary.BigEndian.Uint16(b[6:]),
+		Nscount: binary.BigEndian.Uint16(b[8:]), Arcount: binary.BigEndian.Uint16(b[10:]),
+	}
+}
+
+// wireQueries returns queries of the shapes clients send, each packed by miekg/dns, and whether the fast path
+// must read each.
+func wireQueries(t *testing.T) (queries [][]byte, plain []bool) {
+	t.Helper()
+	add := func(m *dns.Msg, fast bool) {
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		queries, plain = append(queries, b), append(plain, fast)
+	}
+	names := []string{"www.example.org.", "WwW.ExAmple.ORG.", "svc-1.default.svc.cluster.local.", "_sip._udp.example.org.", ".", "x."}
+	for _, name := range names {
+		for _, qtype := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeSRV, dns.TypePTR, dns.TypeHTTPS, dns.TypeANY} {
+			for _, size := range []uint16{0, 512, 1232, 4096} {
+				for _, do := range []bool{false, true} {
+					if size == 0 && do {
+						continue
+					}
+					m := newQuery(name, qtype, size, do)
+					m.Id = uint16(len(queries))
+					m.CheckingDisabled = qtype == dns.TypeSRV
+					m.AuthenticatedData = qtype == dns.TypeHTTPS
+					m.RecursionDesired = qtype != dns.TypePTR
+					add(m, true)
+				}
+			}
+		}
+	}
+	withOptions := func(options ...dns.EDNS0) *dns.Msg {
+		m := newQuery("www.example.org.", dns.TypeA, 1232, false)
+		m.IsEdns0().Option = options
+		return m
+	}
+	add(withOptions(&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0123456789abcdef"}), true)
+	add(withOptions(&dns.EDNS0_PADDING{Padding: make([]byte, 40)}), true)
+	add(withOptions(&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: []byte{192, 0, 2, 0}}), false)
+	add(withOptions(&dns.EDNS0_NSID{Code: dns.EDNS0NSID}), false)
+
+	// Shapes only CoreDNS's server or its plugin chain may answer.
+	other := func(edit func(m *dns.Msg)) {
+		m := newQuery("www.example.org.", dns.TypeA, 1232, false)
+		edit(m)
+		add(m, false)
+	}
+	other(func(m *dns.Msg) { m.IsEdns0().SetVersion(1) })
+	other(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS })
+	other(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeDS })
+	other(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeAXFR })
+	other(func(m *dns.Msg) { m.Opcode = dns.OpcodeNotify })
+	other(func(m *dns.Msg) { m.Response = true })
+	other(func(m *dns.Msg) { m.Question = append(m.Question, m.Question[0]) })
+	other(func(m *dns.Msg) { m.Question[0].Name = "we\\.ird.example.org." })
+	other(func(m *dns.Msg) { m.Question[0].Name = "sp\\032ace.example.org." })
+	other(func(m *dns.Msg) { m.Ns = rrs(t, "example.org. 300 IN NS ns.example.org.") })
+	other(func(m *dns.Msg) { m.Extra = append(m.Extra, rr(t, "x.example.org. 300 IN A 192.0.2.1")) })
+	other(func(m *dns.Msg) { m.SetTsig("key.", dns.HmacSHA256, 300, 0) })
+	big := newQuery("www.example.org.", dns.TypeA, 1232, false)
+	big.IsEdns0().Option = []dns.EDNS0{&dns.EDNS0_PADDING{Padding: make([]byte, 600)}}
+	add(big, false)
+	return queries, plain
+}
+
+func TestParseWireQueryAgreesWithParseQuery(t *testing.T) {
+	queries, plain := wireQueries(t)
+	for i, b := range queries {
+		if got := agreesWithParseQuery(t, b); got != plain[i] {
+			m := new(dns.Msg)
+			_ = m.Unpack(b)
+			t.Errorf("query %d (%v): fast path reads it: %v, want %v", i, m.Question, got, plain[i])
+		}
+	}
+}
+
+// TestParseWireQueryMutations flips, cuts and extends the queries the fast path reads and checks that
+// whatever it still accepts, CoreDNS reads the same way.
+func TestParseWireQueryMutations(t *testing.T) {
+	queries, _ := wireQueries(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	accepted := 0
+	for _, b := range queries {
+		for range 300 {
+			m := bytes.Clone(b)
+			switch rng.IntN(4) {
+			case 0:
+				m[rng.IntN(len(m))] ^= byte(1 << rng.IntN(8))
+			case 1:
+				m[rng.IntN(len(m))] = byte(rng.IntN(256))
+			case 2:
+				m = m[:rng.IntN(len(m))]
+			case 3:
+				m = append(m, byte(rng.IntN(256)))
+			}
+			if agreesWithParseQuery(t, m) {
+				accepted++
+			}
+		}
+	}
+	if accepted == 0 {
+		t.Fatal("no mutated query was accepted: the mutations test nothing")
+	}
+	t.Logf("%d mutated queries accepted, each read as parseQuery reads it", accepted)
+}
+
+func FuzzParseWireQuery(f *testing.F) {
+	f.Add(mustPack(f, newQuery("www.example.org.", dns.TypeA, 1232, true)))
+	f.Add(mustPack(f, newQuery("Svc.Cluster.Local.", dns.TypeAAAA, 0, false)))
+	f.Fuzz(func(t *testing.T, b []byte) { agreesWithParseQuery(t, b) })
+}
+
+func mustPack(tb testing.TB, m *dns.Msg) []byte {
+	b, err := m.Pack()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
