@@ -179,7 +179,8 @@ EOF
 #             $work/Corefile.base.shipped
 #   upstream  the same with $work/Corefile.base.upstream
 #   alt       the shipped variant with another build, $work/node-cache-alt, to compare two builds
-#   unbound   unbound with $work/unbound.conf; its addresses go on a portless bridge, as notrack's do
+#   unbound   unbound with $work/unbound.conf, after `node-cache -cleanup` takes away the divert a node cache
+#             that ran before left; its addresses go on a portless bridge, as notrack's do
 simnode_start() {
     local variant=$1 dir=$work/$1
     shift
@@ -202,6 +203,11 @@ simnode_start() {
             -lockfile "$dir/nodelocaldns.lock" >"$dir/log" 2>&1 &
         ;;
     unbound)
+        # A node cache that ran before handed the node to the cluster DNS at exit (a divert of the node-local
+        # addresses to kube-dns): take that away, as an uninstall does, or the queries never reach unbound.
+        ip netns exec "$ns_node" env XTABLES_LOCKFILE="$dir/xtables.lock" "$work/node-cache" -cleanup \
+            -lockfile "$dir/nodelocaldns.lock" >"$dir/cleanup.log" 2>&1 ||
+            die "node-cache -cleanup before unbound failed: $(tail -5 "$dir/cleanup.log")"
         in_ns "$ns_node" ip link add ubound type bridge
         in_ns "$ns_node" ip addr add "$LOCAL_IP/32" dev ubound
         in_ns "$ns_node" ip addr add "$KUBE_DNS_IP/32" dev ubound

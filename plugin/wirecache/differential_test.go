@@ -49,22 +49,25 @@ func useDirectives(t *testing.T) {
 }
 
 // freePort returns a loopback port free for both UDP and TCP, so one address serves both transports.
-func freePort(t *testing.T) int {
+func freePort(t *testing.T) int { return freePortOn(t, "127.0.0.1") }
+
+// freePortOn returns a port of host free for both UDP and TCP.
+func freePortOn(t *testing.T, host string) int {
 	t.Helper()
 	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		port := l.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, fmt.Sprint(port)))
 		l.Close()
 		if err == nil {
 			pc.Close()
 			return port
 		}
 	}
-	t.Fatal("no loopback port free for both UDP and TCP")
+	t.Fatalf("no port of %s free for both UDP and TCP", host)
 	return 0
 }
 
@@ -161,12 +164,12 @@ func txtRecords(owner string, n int) string {
 	return b.String()
 }
 
-// TestDifferential answers a corpus of queries with the same server block with and without wirecache and
-// requires the same replies, byte for byte, apart from TTLs that counted down.
-func TestDifferential(t *testing.T) {
-	dir := t.TempDir()
-	zoneFile := filepath.Join(dir, "example.org.db")
-	zoneText := differentialZone + txtRecords("medium", 6) + txtRecords("large", 12) + txtRecords("huge", 30)
+// startDifferentialPair serves zoneText (example.org) from an upstream, and starts two servers forwarding
+// to it through errors and cache, one with wirecache ahead of them; it returns their addresses once the
+// one with wirecache has its fast path steered to.
+func startDifferentialPair(t *testing.T, zoneText string) (withAddr, withoutAddr string) {
+	t.Helper()
+	zoneFile := filepath.Join(t.TempDir(), "example.org.db")
 	if err := os.WriteFile(zoneFile, []byte(zoneText), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +180,17 @@ func TestDifferential(t *testing.T) {
 	}
 	startCoreDNS(t, block(with, "wirecache"))
 	startCoreDNS(t, block(without, ""))
-	withAddr, withoutAddr := fmt.Sprintf("127.0.0.1:%d", with), fmt.Sprintf("127.0.0.1:%d", without)
+	withAddr, withoutAddr = fmt.Sprintf("127.0.0.1:%d", with), fmt.Sprintf("127.0.0.1:%d", without)
+	waitFastPathSteered(t, "dns://"+withAddr, withAddr)
+	return withAddr, withoutAddr
+}
+
+// TestDifferential answers a corpus of queries with the same server block with and without wirecache and
+// requires the same replies, byte for byte, apart from TTLs that counted down.
+func TestDifferential(t *testing.T) {
+	withAddr, withoutAddr := startDifferentialPair(t, differentialZone+txtRecords("medium", 6)+txtRecords("large", 12)+txtRecords("huge", 30))
 	// UDP queries to the block with wirecache are answered by its fast path: the corpus checks its replies.
 	withServer := "dns://" + withAddr
-	waitFastPathSteered(t, withServer, withAddr)
 	fastBefore := counterValue(t, fastPathQueries, withServer)
 	udpQueries := 0
 

@@ -64,6 +64,7 @@ type fastPath struct {
 
 	conn  *net.UDPConn
 	raw   syscall.RawConn
+	fd    int // conn's, to find it among the group's sockets
 	chain *chainConn
 	inner *dns.Server
 
@@ -102,6 +103,10 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 	}
 	fp.conn = pc.(*net.UDPConn)
 	if fp.raw, err = fp.conn.SyscallConn(); err != nil {
+		fp.conn.Close()
+		return nil, err
+	}
+	if err := fp.raw.Control(func(fd uintptr) { fp.fd = int(fd) }); err != nil {
 		fp.conn.Close()
 		return nil, err
 	}
@@ -275,6 +280,9 @@ func groupSignature(group []drain.Socket) string {
 // process's: another process's group is not this one's to steer. Socket indexes move as sockets leave, so each
 // index is tried until a probe lands where it should.
 func (fp *fastPath) steer(ctx context.Context, group []drain.Socket, toUs bool) error {
+	if !slices.ContainsFunc(group, func(s drain.Socket) bool { return s.FD == fp.fd }) {
+		return fmt.Errorf("the fast path's socket is no longer bound to %s", fp.local)
+	}
 	n := len(group)
 	if n < 2 {
 		return nil // nobody to share with, nothing to steer

@@ -2,7 +2,6 @@ package wirecache
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"sync/atomic"
 	"testing"
@@ -18,23 +17,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// counterValue returns the child of vec with the one label value server.
+// counterValue and gaugeValue return the child of a vector with the one label value server.
 func counterValue(t *testing.T, vec *prometheus.CounterVec, server string) float64 {
-	t.Helper()
-	c, err := vec.GetMetricWithLabelValues(server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return value(c)
+	return childValue(t, vec.GetMetricWithLabelValues, server)
 }
 
 func gaugeValue(t *testing.T, vec *prometheus.GaugeVec, server string) float64 {
+	return childValue(t, vec.GetMetricWithLabelValues, server)
+}
+
+func childValue[M prometheus.Metric](t *testing.T, get func(...string) (M, error), server string) float64 {
 	t.Helper()
-	g, err := vec.GetMetricWithLabelValues(server)
+	m, err := get(server)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return value(g)
+	return value(m)
 }
 
 // waitFastPathSteered sends a query to addr, which starts the fast path of its server, and waits until the
@@ -277,7 +275,7 @@ func TestFastRoutingRoutesLikeTheServer(t *testing.T) {
 
 // TestFastPathIPv6 answers hits on an IPv6 address, to an IPv6 sender.
 func TestFastPathIPv6(t *testing.T) {
-	port := freePort6(t)
+	port := freePortOn(t, "::1")
 	addr := fmt.Sprintf("[::1]:%d", port)
 	server := "dns://" + addr
 	startCoreDNS(t, fmt.Sprintf(".:%d {\n    bind ::1\n    wirecache\n    template IN A {\n        answer \"{{ .Name }} 60 IN A 192.0.2.3\"\n    }\n}\n", port))
@@ -294,24 +292,4 @@ func TestFastPathIPv6(t *testing.T) {
 	if got := counterValue(t, fastPathPassed, server) - passed; got != 0 {
 		t.Errorf("the fast path passed %v hits to the server", got)
 	}
-}
-
-// freePort6 returns a port free on ::1 for both UDP and TCP.
-func freePort6(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "[::1]:0")
-		if err != nil {
-			t.Fatalf("no IPv6 loopback: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("[::1]:%d", port))
-		l.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no port free on ::1 for both UDP and TCP")
-	return 0
 }
