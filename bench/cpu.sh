@@ -86,12 +86,7 @@ simnode_up "nlcpu$$"
 # Counts the TCP connections the cluster DNS accepts.
 in_ns "$ns_dns" iptables -A INPUT -p tcp --dport 53 --syn
 
-if [ -n "${NODE_CACHE:-}" ]; then
-    cp "$NODE_CACHE" "$work/node-cache"
-else
-    echo "building examples/node-cache as its Dockerfile does"
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache" ./examples/node-cache
-fi
+simnode_node_cache
 
 if [ -n "${NODE_CACHE_ALT:-}" ]; then
     cp "$NODE_CACHE_ALT" "$work/node-cache-alt"

@@ -21,14 +21,18 @@
 #
 # Per run, from /proc/PID/status of the cache:
 #   start    VmRSS once it answers, plus 1 s
-#   names    VmRSS after NAMES distinct names (svcN.nsM.svc.cluster.local A), each asked once, at NAMES_RATE q/s
+#   names    VmRSS after NAMES distinct names (svcN.nsM.svc.cluster.local A), each asked once (NAMES_REPEAT
+#            times in a row with NAMES_REPEAT=N, so that wirecache's repeats_only stores them too: full caches),
+#            at NAMES_RATE q/s
 #   peak     VmHWM after DURATION s of mixed load at RATE q/s: HOT_PERCENT % of queries for the first HOT of
 #            those names, the rest for names never asked before
 # dnsperf must see only NOERROR answers and at most 0.1 % of queries lost, or the run fails; the lost
 # queries are reported.
 #
-# NODE_CACHE=PATH measures that build instead of building examples/node-cache as its Dockerfile does (static,
-# stripped); the cluster DNS and the node's resolver run it too. PROFILE_DIR=DIR (with a build that has the
+# NODE_CACHE=PATH measures that build (and PATH-full beside it, if any) instead of building examples/node-cache
+# as its Dockerfile does (static, stripped, the lean node-cache and node-cache-full); the cluster DNS and the
+# node's resolver run it too. NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build (an
+# executable script that execs a build with other settings will do), to measure a change in the same rounds. PROFILE_DIR=DIR (with a build that has the
 # pprof plugin) adds `pprof 127.0.0.1:6060` to the cache's first server block and saves heap profiles
 # (.heap, and .txt with the runtime's MemStats) at each of the three points into DIR. KEEP=1 keeps the logs.
 #
@@ -41,6 +45,7 @@ NAMES=${NAMES:-10000}
 DURATION=${DURATION:-10}
 RATE=${RATE:-10000}
 NAMES_RATE=${NAMES_RATE:-2000}
+NAMES_REPEAT=${NAMES_REPEAT:-1}
 HOT=${HOT:-1000}
 HOT_PERCENT=${HOT_PERCENT:-90}
 VARIANTS=${VARIANTS:-shipped upstream unbound}
@@ -51,7 +56,7 @@ cd "$(dirname "$0")/.."
 
 die() { echo "memory bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS NAMES DURATION RATE NAMES_RATE HOT; do
+for v in ROUNDS NAMES DURATION RATE NAMES_RATE NAMES_REPEAT HOT; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
 done
 [[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
@@ -74,12 +79,11 @@ trap cleanup EXIT
 
 simnode_up "nlmem$$"
 
-if [ -n "${NODE_CACHE:-}" ]; then
-    cp "$NODE_CACHE" "$work/node-cache"
-else
-    # As examples/node-cache/Dockerfile builds it.
-    echo "building examples/node-cache as its Dockerfile does"
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache" ./examples/node-cache
+simnode_node_cache
+if [ -n "${NODE_CACHE_ALT:-}" ]; then
+    cp "$NODE_CACHE_ALT" "$work/node-cache-alt"
+    [ ! -e "$NODE_CACHE_ALT-full" ] || cp "$NODE_CACHE_ALT-full" "$work/node-cache-alt-full"
+    VARIANTS="$VARIANTS alt"
 fi
 
 # The cluster DNS and the node's resolver: the same build, answering every A query.
@@ -131,7 +135,7 @@ profile() {
 simnode_unbound_conf
 
 # Queries: NAMES distinct names, then the mixed load (RATE * DURATION queries, so no new name repeats).
-seq 1 "$NAMES" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$work/queries.names"
+seq 1 "$NAMES" | awk -v r="$NAMES_REPEAT" '{ for (i = 0; i < r; i++) printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$work/queries.names"
 awk -v n=$((RATE * DURATION)) -v names="$NAMES" -v hot="$HOT" -v pct="$HOT_PERCENT" 'BEGIN {
     srand(1); fresh = names
     for (i = 0; i < n; i++) {

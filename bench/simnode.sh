@@ -32,6 +32,20 @@ simnode_require_tools() {
 
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
+# simnode_node_cache: puts the node-cache image's two builds into $work: $NODE_CACHE (and $NODE_CACHE-full
+# beside it, when there is one) if set, else both built as examples/node-cache/Dockerfile builds them, the
+# lean node-cache the manifests start and node-cache-full, which it execs for a Corefile using trace.
+simnode_node_cache() {
+    if [ -n "${NODE_CACHE:-}" ]; then
+        cp "$NODE_CACHE" "$work/node-cache"
+        [ ! -e "$NODE_CACHE-full" ] || cp "$NODE_CACHE-full" "$work/node-cache-full"
+    else
+        echo "building examples/node-cache as its Dockerfile does (node-cache and node-cache-full)"
+        CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -tags nodecache_lean -o "$work/node-cache" ./examples/node-cache
+        CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache-full" ./examples/node-cache
+    fi
+}
+
 # simnode_up PREFIX: builds the node in namespaces PREFIX-node, -pod, -dns and -ext (ns_node, ns_pod, ns_dns,
 # ns_ext).
 simnode_up() {

@@ -121,6 +121,9 @@ type WireCache struct {
 	Disabled bool
 	// Capacity is its entry count; zero means the plugin's default.
 	Capacity int
+	// StoreFirstAnswers stores the answer to a question's first ask too, leaving out repeats_only: names
+	// asked once are then held by wirecache and cache both (more memory, one chain pass fewer per name).
+	StoreFirstAnswers bool
 }
 
 // ServeStale is serving expired answers while the upstream does not answer (RFC 8767): the serve_stale of

@@ -70,6 +70,10 @@ func Template(c Config) ([]byte, error) {
 			if !c.ServeStale.Disabled {
 				wc.Block = append(wc.Block, wireCacheServeStale(c.ServeStale))
 			}
+			if !c.WireCache.StoreFirstAnswers {
+				// Names asked once stay with cache alone (README, Memory).
+				wc.Block = append(wc.Block, &Directive{Name: "repeats_only"})
+			}
 			dirs = append(dirs, wc)
 		}
 		return dirs

@@ -43,6 +43,11 @@ type DropIn struct {
 	Reload func() error
 	// Rejected, when set, is told of every input kept out, once per distinct input.
 	Rejected func(error)
+	// Restart, when set, is asked about every new Corefile after the first, before it is written: true means
+	// this process cannot load it and is being replaced by one that can (node-cache's lean build, whose
+	// container restarts on the full build), so the Corefile is neither written nor reloaded; the replacement
+	// renders it again from the same inputs.
+	Restart func(corefile []byte) bool
 
 	// readFile reads an input file; nil is os.ReadFile. Tests use it to show a file half-written.
 	readFile func(string) ([]byte, error)
@@ -135,6 +140,9 @@ func (d *DropIn) render(base []byte, kd KubeDNS) error {
 		return d.fail(err)
 	}
 	if bytes.Equal(out, d.written) {
+		return nil
+	}
+	if d.written != nil && d.Restart != nil && d.Restart(out) {
 		return nil
 	}
 	if hazards, err := Check(out, d.Check); err == nil {

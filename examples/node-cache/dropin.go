@@ -21,24 +21,36 @@ var nodeCache = registerNodeCacheFlags(flag.CommandLine)
 // Corefile CoreDNS is about to load and keeps it in step with the ConfigMaps until the process ends.
 // directives are the ones compiled in; a Corefile using others is refused before CoreDNS sees it.
 // Without -localip it does nothing and the binary is a plain CoreDNS.
+// In the lean build, a Corefile that uses a plugin only the full build has execs the full build (full.go),
+// in either mode.
 func startDropIn(directives []string) error {
 	flag.Parse()
+	build := thisBuild()
 	d, err := nodeCache.dropIn(flag.CommandLine)
-	if err != nil || d == nil {
+	if err != nil {
 		return err
 	}
-	return runDropIn(context.Background(), d, directives, nodeCache.metricsListenAddress, corefile.DefaultSyncPeriod)
+	if d == nil {
+		return build.runFullIfNeeded(plainCorefile(flag.CommandLine))
+	}
+	return runDropIn(context.Background(), d, directives, build, nodeCache.metricsListenAddress, corefile.DefaultSyncPeriod)
 }
 
-// runDropIn writes the first Corefile, starts the watch and, when asked, node-cache's metrics listener.
-func runDropIn(ctx context.Context, d *corefile.DropIn, directives []string, metricsAddr string, period time.Duration) error {
-	d.Directives = directives
+// runDropIn writes the first Corefile, execs the full build if that Corefile needs it, then starts the watch
+// and, when asked, node-cache's metrics listener. directives are this build's; build says which the full
+// build adds, which the drop-in accepts too.
+func runDropIn(ctx context.Context, d *corefile.DropIn, directives []string, build buildPair, metricsAddr string, period time.Duration) error {
+	d.Directives = slices.Concat(directives, build.fullOnly)
 	d.Rejected = func(error) { notrack.SetupErrors.WithLabelValues(notrack.ConfigMapError).Inc() }
+	d.Restart = build.restartForFull
 	if resolv, err := os.ReadFile(corefile.ResolvConf); err == nil {
 		d.Check.ResolvConf = resolv // what `forward . /etc/resolv.conf` will read
 	}
 	if err := d.Sync(); err != nil && d.Written() == nil {
 		return fmt.Errorf("writing %s from %s: %w", d.Output, d.Base, err)
+	}
+	if err := build.runFullIfNeeded(d.Written()); err != nil {
+		return err
 	}
 	if d.Reload == nil && !slices.Contains(corefileDirectives(d.Written()), "reload") {
 		log.Warningf("%s has no reload plugin and -reloadwithsignal is off: ConfigMap changes will "+

@@ -48,7 +48,7 @@ func TestRunDropIn(t *testing.T) {
 	metrics := freeLoopbackAddr(t)
 	known := []string{"errors", "wirecache", "clamp", "cache", "reload", "loop", "bind", "notrack", "upstreamsvc", "forward",
 		"prometheus", "health", "ready"}
-	if err := runDropIn(ctx, d, known, metrics, 10*time.Millisecond); err != nil {
+	if err := runDropIn(ctx, d, known, buildPair{}, metrics, 10*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	first, err := os.ReadFile(out)
@@ -94,7 +94,7 @@ func TestRunDropInRefusesUnknownDirectives(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = runDropIn(context.Background(), d, []string{"bind", "forward"}, "", time.Hour)
+	err = runDropIn(context.Background(), d, []string{"bind", "forward"}, buildPair{}, "", time.Hour)
 	if err == nil || !strings.Contains(err.Error(), `directive "notrack" is not compiled into this CoreDNS`) {
 		t.Fatalf("got %v", err)
 	}

@@ -5,6 +5,11 @@
 // -pidfile, SIGUSR1 reload, SIGTERM shutdown). With -localip it is a drop-in for upstream's node-cache
 // binary: its flags expand a base Corefile and the kube-dns ConfigMap into the Corefile it serves (see
 // flags.go and dropin.go).
+//
+// It comes in two builds that ship side by side (see full.go): the lean one (-tags nodecache_lean, the
+// image's /node-cache) leaves out trace, whose tracing libraries cost several MiB of memory per node
+// (README, Memory), and runs the full one (/node-cache-full, the default build) in its place when the
+// Corefile uses trace.
 package main
 
 import (
@@ -34,7 +39,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/rewrite"
 	_ "github.com/coredns/coredns/plugin/template"
 	_ "github.com/coredns/coredns/plugin/timeouts"
-	_ "github.com/coredns/coredns/plugin/trace"
+	// trace is imported by build_full.go only: the lean build leaves it out and execs the full one for it.
 	_ "github.com/coredns/coredns/plugin/whoami"
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
@@ -45,6 +50,7 @@ import (
 
 func main() {
 	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
+	applyGCPercent()   // GOGC=50 unless set (memlimit.go)
 	runSideMode()      // -guard and -preflight (guard.go, preflight.go) run here and exit
 	directives, err := compiledDirectives()
 	if err != nil {
@@ -56,5 +62,6 @@ func main() {
 	if err := startDropIn(directives); err != nil {
 		log.Fatalf("node-cache: %v", err)
 	}
+	registerStartupTrim() // trim.go: the binary's pages touched only while starting leave RSS
 	coremain.Run()
 }

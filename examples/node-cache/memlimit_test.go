@@ -89,3 +89,16 @@ func TestCgroupMemoryLimit(t *testing.T) {
 		})
 	}
 }
+
+func TestGCPercent(t *testing.T) {
+	unset := func(string) (string, bool) { return "", false }
+	if percent, set := gcPercent(unset); !set || percent != 50 {
+		t.Errorf("without GOGC: %d, %v; want 50, true", percent, set)
+	}
+	for _, v := range []string{"100", "off", ""} {
+		lookup := func(name string) (string, bool) { return v, name == "GOGC" }
+		if _, set := gcPercent(lookup); set {
+			t.Errorf("GOGC=%q was overridden", v)
+		}
+	}
+}

@@ -192,6 +192,11 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					}
 					wc.StaleTTL = uint32(d / time.Second)
 				}
+			case "repeats_only":
+				if len(args) != 0 {
+					return nil, c.ArgErr()
+				}
+				wc.RepeatsOnly = true
 			case "fastpath":
 				if len(args) != 1 || (args[0] != "on" && args[0] != "off") {
 					return nil, c.Errf("fastpath takes on or off")

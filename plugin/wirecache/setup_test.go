@@ -25,6 +25,7 @@ func TestSetup(t *testing.T) {
 		memory   int64
 		min, max time.Duration
 		allZones bool
+		repeats  bool
 		noFast   bool
 	}{
 		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
@@ -42,6 +43,8 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache {\n max_memory 8MB\n}", wantErr: "not a size"},
 		{input: "wirecache {\n max_memory 9999999999G\n}", wantErr: "not a size"},
 		{input: "wirecache {\n max_memory MiB\n}", wantErr: "not a size"},
+		{input: "wirecache {\n repeats_only\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, repeats: true},
+		{input: "wirecache {\n repeats_only 2\n}", wantErr: "Wrong argument count"},
 		{input: "wirecache {\n capacity 0\n}", wantErr: "capacity must be a positive"},
 		{input: "wirecache {\n capacity -3\n}", wantErr: "capacity must be a positive"},
 		{input: "wirecache {\n capacity ten\n}", wantErr: "capacity must be a positive"},
@@ -89,6 +92,9 @@ func TestSetup(t *testing.T) {
 			}
 			if wc.allZones != tc.allZones {
 				t.Errorf("allZones %v, want %v", wc.allZones, tc.allZones)
+			}
+			if wc.RepeatsOnly != tc.repeats || (wc.doorkeeper != nil) != tc.repeats {
+				t.Errorf("repeats_only %v (doorkeeper %v), want %v", wc.RepeatsOnly, wc.doorkeeper != nil, tc.repeats)
 			}
 			if wc.store.len() != 0 || len(wc.store.shards) == 0 {
 				t.Error("store not initialized")

@@ -54,6 +54,10 @@ type WireCache struct {
 	StaleFor time.Duration
 	StaleTTL uint32
 
+	// RepeatsOnly stores an answer only when its question was asked before (see doorkeeper), so that names
+	// asked once are not held by both wirecache and the cache plugin.
+	RepeatsOnly bool
+
 	// stepAside, set at startup when the server block has a plugin that must see every query, turns
 	// wirecache into a pass-through.
 	stepAside bool
@@ -68,11 +72,12 @@ type WireCache struct {
 	FastPath bool
 	fast     *fastPaths
 
-	allZones bool
-	store    *store
-	metrics  serverMetricsSet
-	buffers  sync.Pool
-	now      func() time.Time
+	allZones   bool
+	store      *store
+	doorkeeper *doorkeeper // with RepeatsOnly
+	metrics    serverMetricsSet
+	buffers    sync.Pool
+	now        func() time.Time
 }
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
@@ -90,6 +95,10 @@ func New() *WireCache {
 func (wc *WireCache) prepare() {
 	wc.allZones = len(wc.Zones) == 1 && wc.Zones[0] == "."
 	wc.store = newStore(wc.Capacity, wc.MaxMemory)
+	wc.doorkeeper = nil
+	if wc.RepeatsOnly {
+		wc.doorkeeper = newDoorkeeper(wc.Capacity)
+	}
 }
 
 // Name implements the plugin.Handler interface.
@@ -140,7 +149,9 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	}
 	m.misses.Inc()
 
-	rec := &recorder{ResponseWriter: w, wc: wc, metrics: m, hash: h, query: q, key: string(key[:n]), now: now, stale: stale}
+	// An expired entry's question is a repeat; so is every question without repeats_only.
+	keep := stale != nil || wc.doorkeeper == nil || wc.doorkeeper.seen(h)
+	rec := &recorder{ResponseWriter: w, wc: wc, metrics: m, hash: h, query: q, key: string(key[:n]), now: now, stale: stale, keep: keep}
 	rcode, err := plugin.NextOrFailure(wc.Name(), wc.Next, ctx, rec, r)
 	if err != nil {
 		rec.forget()
@@ -244,6 +255,8 @@ type recorder struct {
 	key     string
 	now     time.Time
 
+	// keep is false when the reply is passed on but not stored (repeats_only, the question's first ask).
+	keep   bool
 	writes int
 	entry  *entry // the entry stored from this reply, until forgotten
 	// stale is the expired entry of this query, kept under serve_stale; it answers if the chain fails.
@@ -261,7 +274,7 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 	if r.writes > 1 {
 		// Only a single reply is replayed; a second one makes the first suspect.
 		r.forget()
-	} else if m != nil {
+	} else if m != nil && r.keep {
 		if e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL); err == nil {
 			e.ttlFloor = r.wc.ttlFloor(m)
 			if r.wc.metricsZones != nil {

@@ -131,6 +131,7 @@ into upstreamsvc.
     errors
     wirecache {
         serve_stale 1h 5s
+        repeats_only
     }
     clamp {
         success 5 30
@@ -157,6 +158,7 @@ into upstreamsvc.
     errors
     wirecache {
         serve_stale 1h 5s
+        repeats_only
     }
     cache 30 {
         serve_stale 1h verify 1s 5s
@@ -175,6 +177,7 @@ into upstreamsvc.
     errors
     wirecache {
         serve_stale 1h 5s
+        repeats_only
     }
     cache 30 {
         serve_stale 1h verify 1s 5s
