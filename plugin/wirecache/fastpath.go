@@ -14,6 +14,8 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin/pkg/transport"
+
+	"github.com/miekg/dns"
 )
 
 // The fast path: a UDP socket of wirecache's own in the reuseport group of each address CoreDNS serves with
@@ -142,22 +144,13 @@ func (r fastRouting) route(name string) *fastBlock {
 		if b, ok := r[name[off:]]; ok {
 			return b
 		}
-		next, end := nextLabel(name, off)
+		next, end := dns.NextLabel(name, off)
 		if end {
 			break
 		}
 		off = next
 	}
 	return r["."]
-}
-
-// nextLabel is dns.NextLabel for a name whose labels hold no escapes (parseWireQuery's).
-func nextLabel(name string, off int) (int, bool) {
-	i := strings.IndexByte(name[off:], '.')
-	if i < 0 || off+i+1 >= len(name) {
-		return len(name), true
-	}
-	return off + i + 1, false
 }
 
 func (r fastRouting) blocks() int {

@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin/pkg/reuseport"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
 
 	"github.com/miekg/dns"
@@ -90,14 +91,8 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		probeSeen: make(chan struct{}, 1), steerDone: make(chan struct{}),
 		queries: fastPathQueries.WithLabelValues(srv.Addr), passed: fastPathPassed.WithLabelValues(srv.Addr), steered: fastPathSteered.WithLabelValues(srv.Addr),
 	}
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-		})
-		return errors.Join(err, serr)
-	}}
-	pc, err := lc.ListenPacket(context.Background(), "udp", local.String())
+	// Opened as CoreDNS opens its own (dnsserver.Server.ListenPacket), so it joins that socket's group.
+	pc, err := reuseport.ListenPacket("udp", local.String())
 	if err != nil {
 		return nil, fmt.Errorf("join the reuseport group of %s: %w", local, err)
 	}
@@ -173,8 +168,8 @@ func (fp *fastPath) stop() {
 // keepSteered steers the group to the fast path's socket, and checks every steerCheck who is in the group.
 // While another process has sockets there (a successor that must prove it answers, then takes the node
 // over and steers the group itself), the fast path gives the group back to the kernel's hash once, if it
-// was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and checks with a probe every
-// steerVerify that packets still come to it.
+// was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
+// checks with a probe every steerVerify that packets still come to it.
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
 	t := time.NewTicker(steerCheck)
@@ -518,9 +513,6 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) bool {
 		return false
 	}
 	wc := block.wc
-	if wc.stepAside {
-		return false
-	}
 	e := wc.store.get(wc.store.hash(r.key[:n]), r.key[:n])
 	if e == nil {
 		return false
