@@ -70,28 +70,13 @@ simnode_require_tools go ip iptables iptables-restore dnsperf unbound taskset
 
 work=$(mktemp -d /tmp/cpu-bench.XXXXXX)
 pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    simnode_down
-    [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
+trap simnode_cleanup EXIT
 
 simnode_up "nlcpu$$"
 # Counts the TCP connections the cluster DNS accepts.
 in_ns "$ns_dns" iptables -A INPUT -p tcp --dport 53 --syn
 
 simnode_node_cache
-
-if [ -n "${NODE_CACHE_ALT:-}" ]; then
-    cp "$NODE_CACHE_ALT" "$work/node-cache-alt"
-    VARIANTS="$VARIANTS alt"
-fi
 
 # The cluster DNS: svcN.* names exist, xN.* names and other types are NXDOMAIN, with the SOA a negative
 # answer needs to be cached.

@@ -65,27 +65,11 @@ simnode_require_tools go ip iptables iptables-restore dnsperf unbound
 
 work=$(mktemp -d /tmp/memory-bench.XXXXXX)
 pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    simnode_down
-    [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
+trap simnode_cleanup EXIT
 
 simnode_up "nlmem$$"
 
 simnode_node_cache
-if [ -n "${NODE_CACHE_ALT:-}" ]; then
-    cp "$NODE_CACHE_ALT" "$work/node-cache-alt"
-    [ ! -e "$NODE_CACHE_ALT-full" ] || cp "$NODE_CACHE_ALT-full" "$work/node-cache-alt-full"
-    VARIANTS="$VARIANTS alt"
-fi
-
 # The cluster DNS and the node's resolver: the same build, answering every A query.
 cat >"$work/Corefile.clusterdns" <<EOF
 cluster.local:53 {

@@ -6,7 +6,7 @@
 # caches run in the node namespace and answer on 169.254.20.10 (and 10.96.0.10), which the Pod asks.
 #
 # The sourcing script defines die MESSAGE, a work directory $work and an array pids of the processes it
-# started, and calls simnode_down from its EXIT trap.
+# started, and sets simnode_cleanup as its EXIT trap.
 
 # Addresses of the simulated node (test/simnode's).
 POD_IP=10.244.0.2 NODE_POD_IP=10.244.0.1
@@ -32,9 +32,24 @@ simnode_require_tools() {
 
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
+# simnode_cleanup: stops the processes in pids, takes the node down and, unless KEEP is set, removes $work.
+simnode_cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    simnode_down
+    [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+
 # simnode_node_cache: puts the node-cache image's two builds into $work: $NODE_CACHE (and $NODE_CACHE-full
 # beside it, when there is one) if set, else both built as examples/node-cache/Dockerfile builds them, the
-# lean node-cache the manifests start and node-cache-full, which it execs for a Corefile using trace.
+# lean node-cache the manifests start and node-cache-full, which it execs for a Corefile using trace. With
+# NODE_CACHE_ALT set, that build (and its -full beside it, when there is one) becomes node-cache-alt and
+# VARIANTS gains the variant "alt".
 simnode_node_cache() {
     if [ -n "${NODE_CACHE:-}" ]; then
         cp "$NODE_CACHE" "$work/node-cache"
@@ -43,6 +58,11 @@ simnode_node_cache() {
         echo "building examples/node-cache as its Dockerfile does (node-cache and node-cache-full)"
         CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -tags nodecache_lean -o "$work/node-cache" ./examples/node-cache
         CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache-full" ./examples/node-cache
+    fi
+    if [ -n "${NODE_CACHE_ALT:-}" ]; then
+        cp "$NODE_CACHE_ALT" "$work/node-cache-alt"
+        [ ! -e "$NODE_CACHE_ALT-full" ] || cp "$NODE_CACHE_ALT-full" "$work/node-cache-alt-full"
+        VARIANTS="$VARIANTS alt"
     fi
 }
 
