@@ -3,14 +3,8 @@
 package wirecache
 
 import (
-	"context"
-	"net"
 	"testing"
 	"time"
-
-	"github.com/coredns/coredns/core/dnsserver"
-
-	"github.com/miekg/dns"
 )
 
 // BenchmarkFastPathHit is the fast path's work for one hit, from the datagram's bytes to the reply's, without
@@ -18,15 +12,11 @@ import (
 func BenchmarkFastPathHit(b *testing.B) {
 	wc := New()
 	wc.Next = benchChain(b)
-	ctx := context.WithValue(context.Background(), dnsserver.Key{}, &dnsserver.Server{Addr: "dns://:53"})
-	w := &discardWriter{remote: &net.UDPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 40212}}
-	if _, err := wc.ServeDNS(ctx, w, newQuery("www.example.org.", dns.TypeA, 1232, false)); err != nil {
-		b.Fatal(err)
-	}
+	_, query, _ := warmHit(b, wc)
 	routes := fastRouting{".": &fastBlock{wc: wc, metrics: wc.metrics.forAddr("dns://:53", nil)}}
 	fp := &fastPath{routes: routes}
 	r := newFastReader(fp)
-	q, err := newQuery("www.example.org.", dns.TypeA, 1232, false).Pack()
+	q, err := query.Pack()
 	if err != nil {
 		b.Fatal(err)
 	}
