@@ -4,12 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"math"
 	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/bytesize"
 )
 
 // Hazard is a Corefile line that breaks or endangers a node, with what to do about it.
@@ -398,7 +399,7 @@ func (c *checker) cacheMemory() {
 				}
 			}
 			if o := d.Option("max_memory"); o != nil && len(o.Args) == 1 {
-				if n, err := parseSize(o.Args[0]); err == nil {
+				if n, err := bytesize.Parse(o.Args[0]); err == nil {
 					maxMemory = n
 				}
 			}
@@ -420,30 +421,3 @@ func (c *checker) cacheMemory() {
 
 // shardedCapacity is what CoreDNS's cache really holds for a capacity: 256 shards of at least 4 entries.
 func shardedCapacity(n int) int { return max(n/256, 4) * 256 }
-
-// parseSize reads a size as wirecache's max_memory takes it: bytes, or a number with KiB, MiB or GiB (also
-// spelled Ki or K, ...), all powers of 1024.
-func parseSize(s string) (int64, error) {
-	for _, u := range []struct {
-		suffixes []string
-		shift    uint
-	}{
-		{[]string{"GiB", "Gi", "G"}, 30},
-		{[]string{"MiB", "Mi", "M"}, 20},
-		{[]string{"KiB", "Ki", "K"}, 10},
-		{[]string{"B", ""}, 0},
-	} {
-		for _, suffix := range u.suffixes {
-			digits, ok := strings.CutSuffix(s, suffix)
-			if !ok || digits == "" {
-				continue
-			}
-			n, err := strconv.ParseInt(digits, 10, 64)
-			if err != nil || n < 0 || n > math.MaxInt64>>u.shift {
-				return 0, fmt.Errorf("%q is not a size", s)
-			}
-			return n << u.shift, nil
-		}
-	}
-	return 0, fmt.Errorf("%q is not a size", s)
-}

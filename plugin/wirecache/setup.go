@@ -12,6 +12,8 @@ import (
 	"github.com/coredns/coredns/plugin"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/coredns/coredns/plugin/pkg/transport"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/bytesize"
 )
 
 var log = clog.NewWithPlugin(pluginName)
@@ -145,7 +147,7 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 				if len(args) != 1 {
 					return nil, c.ArgErr()
 				}
-				n, err := parseBytes(args[0])
+				n, err := bytesize.Parse(args[0])
 				if err != nil {
 					return nil, c.Errf("max_memory: %v", err)
 				}
@@ -218,33 +220,4 @@ func parseSeconds(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a number of seconds from 0 to %d", s, maxTTL)
 	}
 	return time.Duration(n) * time.Second, nil
-}
-
-// byteUnits are the suffixes max_memory takes, in Kubernetes' spelling and with a B; all are powers of 1024.
-var byteUnits = []struct {
-	suffixes []string
-	shift    uint
-}{
-	{[]string{"GiB", "Gi", "G"}, 30},
-	{[]string{"MiB", "Mi", "M"}, 20},
-	{[]string{"KiB", "Ki", "K"}, 10},
-	{[]string{"B", ""}, 0},
-}
-
-// parseBytes reads a size such as 8MiB, 512Ki or 65536.
-func parseBytes(s string) (int64, error) {
-	for _, u := range byteUnits {
-		for _, suffix := range u.suffixes {
-			digits, ok := strings.CutSuffix(s, suffix)
-			if !ok || digits == "" {
-				continue
-			}
-			n, err := strconv.ParseInt(digits, 10, 64)
-			if err != nil || n < 0 || n > math.MaxInt64>>u.shift {
-				return 0, fmt.Errorf("%q is not a size (bytes, or a number with KiB, MiB or GiB)", s)
-			}
-			return n << u.shift, nil
-		}
-	}
-	return 0, fmt.Errorf("%q is not a size (bytes, or a number with KiB, MiB or GiB)", s)
 }
