@@ -26,9 +26,12 @@
 #            of them NXDOMAIN (xN.*): q/s and CPU µs/query
 #   latency  DURATION s of the same mix at RATE q/s: p50 and p99 of dnsperf's per-query latency
 #   misses   DURATION s at MISS_RATE q/s of new names only: CPU µs per miss, and the TCP connections the
-#            cluster DNS accepted during the phase (SYNs counted in its namespace)
+#            cluster DNS accepted during the phase (SYNs counted in its namespace). Misses this far apart
+#            each find the cache idle, so the figure includes waking it (and, for Go, its runtime) twice.
+#   loaded   DURATION s at full speed of new names only: CPU µs per miss while misses keep the cache busy
+#            (the cost a miss adds to a loaded node)
 # In the hits and latency phases, dnsperf must see only NOERROR and NXDOMAIN answers and at most 0.1 % of
-# queries lost, or the run fails; in the mixed and misses phases, the queries lost or answered otherwise
+# queries lost, or the run fails; in the mixed and both misses phases, the queries lost or answered otherwise
 # (SERVFAIL when the upstream exchange failed) are reported ("failed").
 #
 # On a machine shared with other work, NICE=-10 (say) runs the caches, dnsperf and the cluster DNS at that
@@ -36,7 +39,7 @@
 #
 # NODE_CACHE=PATH measures that build instead of building examples/node-cache as its Dockerfile does;
 # NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build, to measure a change.
-# PERF_DIR=DIR records `perf record -e cpu-clock -g` of the cache over each PERF_PHASE (hits, mixed or misses; default mixed) into DIR
+# PERF_DIR=DIR records `perf record -e cpu-clock -g` of the cache over each PERF_PHASE (hits, mixed, misses or loaded; default mixed) into DIR
 # (build NODE_CACHE without -s for Go symbols). KEEP=1 keeps the logs. Needs root, iproute2, iptables, dnsperf and unbound (installed with apt-get when missing), go,
 # taskset, 2 CPUs. Kills only the processes it started; removes its namespaces, links and files at exit.
 set -euo pipefail
@@ -140,6 +143,7 @@ full=$((MAX_QPS * DURATION))
 mix "$work/queries.mixed" "$full" 1000000 "$HOT_PERCENT"
 mix "$work/queries.latency" $((RATE * DURATION)) 100000000 "$HOT_PERCENT"
 mix "$work/queries.misses" $((MISS_RATE * DURATION)) 200000000 0
+mix "$work/queries.loaded" "$full" 300000000 0
 
 # cpu_ticks PID: utime+stime in clock ticks (fields 14 and 15 of /proc/PID/stat).
 cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
@@ -190,9 +194,10 @@ results=$work/results
 echo
 echo "nice $NICE; load: $(uptime | sed 's/.*load average/load average/') on $(nproc) CPUs"
 echo "$ROUNDS rounds of: hits ($HOT names, full speed, $DURATION s), mixed ($HOT_PERCENT % hot, full speed, $DURATION s),"
-echo "latency (the mix at $RATE q/s, $DURATION s), misses (new names at $MISS_RATE q/s, $DURATION s)"
-printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %9s %6s %6s\n' round variant "hits q/s" "µs/q" "mixed q/s" "µs/q" "p50 ms" \
-    "p99 ms" "µs/miss" conns failed
+echo "latency (the mix at $RATE q/s, $DURATION s), misses (new names at $MISS_RATE q/s, $DURATION s),"
+echo "loaded (new names at full speed, $DURATION s)"
+printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %9s %6s %9s %9s %6s\n' round variant "hits q/s" "µs/q" "mixed q/s" "µs/q" "p50 ms" \
+    "p99 ms" "µs/miss" conns "loaded/s" "µs/miss" failed
 read -r -a variants <<<"$VARIANTS"
 for round in $(seq 1 "$ROUNDS"); do
     n=${#variants[@]}
@@ -220,18 +225,23 @@ for round in $(seq 1 "$ROUNDS"); do
         record_profile misses
         tolerate_failures=1 run_dnsperf "$work/queries.misses" -Q "$MISS_RATE"
         wait_profile
-        miss_us=$us_per_query conns=$(($(syns) - s0)) failed=$((mixed_failed + failed))
+        miss_us=$us_per_query conns=$(($(syns) - s0)) misses_failed=$failed
+        record_profile loaded
+        tolerate_failures=1 run_dnsperf "$work/queries.loaded" -l "$DURATION"
+        wait_profile
+        [ "$completed" -lt "$full" ] || die "$variant: the loaded misses run used up its query file; raise MAX_QPS"
+        loaded_qps=$qps loaded_us=$us_per_query failed=$((mixed_failed + misses_failed + failed))
         simnode_stop "$variant"
-        printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %9s %6s %6s\n' "$round" "$variant" "$hits_qps" "$hits_us" "$mixed_qps" \
-            "$mixed_us" "$p50" "$p99" "$miss_us" "$conns" "$failed"
-        echo "$round $variant $hits_qps $hits_us $mixed_qps $mixed_us $p50 $p99 $miss_us $conns $failed" >>"$results"
+        printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %9s %6s %9s %9s %6s\n' "$round" "$variant" "$hits_qps" "$hits_us" "$mixed_qps" \
+            "$mixed_us" "$p50" "$p99" "$miss_us" "$conns" "$loaded_qps" "$loaded_us" "$failed"
+        echo "$round $variant $hits_qps $hits_us $mixed_qps $mixed_us $p50 $p99 $miss_us $conns $loaded_qps $loaded_us $failed" >>"$results"
     done
 done
 
 echo
 echo "median over $ROUNDS rounds; q/s also as the ratio to upstream's Corefile in the same round (median of ratios):"
-printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %9s %6s %6s\n' variant "hits q/s" ratio "µs/q" "mixed q/s" ratio "µs/q" \
-    "p50 ms" "p99 ms" "µs/miss" conns failed
+printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %9s %6s %9s %9s %6s\n' variant "hits q/s" ratio "µs/q" "mixed q/s" ratio "µs/q" \
+    "p50 ms" "p99 ms" "µs/miss" conns "loaded/s" "µs/miss" failed
 for variant in "${variants[@]}"; do
     awk -v v="$variant" '
         function ratio(r) { return r > 0 ? sprintf("%.2fx", r) : "-" }
@@ -240,11 +250,11 @@ for variant in "${variants[@]}"; do
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
         }
         $2 == "upstream" { uh[$1] = $3; um[$1] = $5 }
-        $2 == v { n++; r[n] = $1; for (f = 3; f <= 11; f++) c[f, n] = $f }
+        $2 == v { n++; r[n] = $1; for (f = 3; f <= 13; f++) c[f, n] = $f }
         END {
-            for (f = 3; f <= 11; f++) { for (i = 1; i <= n; i++) a[i] = c[f, i]; m[f] = median(a, n) }
+            for (f = 3; f <= 13; f++) { for (i = 1; i <= n; i++) a[i] = c[f, i]; m[f] = median(a, n) }
             k = 0; for (i = 1; i <= n; i++) if (uh[r[i]] > 0) { k++; a[k] = c[3, i] / uh[r[i]] }; rh = k ? median(a, k) : 0
             k = 0; for (i = 1; i <= n; i++) if (um[r[i]] > 0) { k++; a[k] = c[5, i] / um[r[i]] }; rm = k ? median(a, k) : 0
-            printf "%-9s %9.0f %6s %8.1f %9.0f %6s %8.1f %8.3f %8.3f %9.1f %6.0f %6.0f\n", v, m[3], ratio(rh), m[4], m[5], ratio(rm), m[6], m[7], m[8], m[9], m[10], m[11]
+            printf "%-9s %9.0f %6s %8.1f %9.0f %6s %8.1f %8.3f %8.3f %9.1f %6.0f %9.0f %9.1f %6.0f\n", v, m[3], ratio(rh), m[4], m[5], ratio(rm), m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13]
         }' "$results"
 done

@@ -68,6 +68,9 @@ type fastPath struct {
 	fd    int // conn's, to find it among the group's sockets
 	chain *chainConn
 	inner *dns.Server
+	// servers answers the plain queries the fast path passes on; nil when the server has TSIG secrets, whose
+	// replies miekg/dns's own writer signs.
+	servers *chainServers
 
 	readers  sync.WaitGroup
 	stopping atomic.Bool
@@ -117,6 +120,9 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		}),
 		NotifyStartedFunc: func() { close(started) },
 	}
+	if len(srv.TsigSecret) == 0 {
+		fp.servers = newChainServers(fp)
+	}
 	served := make(chan error, 1)
 	go func() { served <- fp.inner.ActivateAndServe() }()
 	select {
@@ -153,12 +159,18 @@ func (fp *fastPath) stop() {
 	_ = fp.conn.SetReadDeadline(time.Now())
 	fp.readers.Wait()
 
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
+	defer cancel()
+	if fp.servers != nil {
+		fp.servers.close()
+		if err := fp.servers.wait(ctx); err != nil {
+			log.Warningf("fast path on %s: stopping: queries still being answered: %v", fp.srv.Addr, err)
+		}
+	}
 	// The queries passed on must reach CoreDNS's server before it stops reading.
 	for deadline := time.Now().Add(passDrainWait); len(fp.chain.queue) > 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
-	defer cancel()
 	if err := fp.inner.ShutdownContext(ctx); err != nil {
 		log.Warningf("fast path on %s: stopping: %v", fp.srv.Addr, err)
 	}
@@ -490,11 +502,22 @@ func (r *fastReader) handle(n int) {
 			}
 			continue
 		}
-		if h.Hdr.Flags&unix.MSG_TRUNC == 0 && r.answer(b, i, now) {
-			continue
+		plain := false
+		if h.Hdr.Flags&unix.MSG_TRUNC == 0 {
+			var answered bool
+			if answered, plain = r.answer(b, i, now); answered {
+				continue
+			}
 		}
-		fp.chain.pass(b, &r.names[i], h.Hdr.Namelen)
 		passed++
+		from := sockaddrUDP(&r.names[i], h.Hdr.Namelen)
+		switch {
+		case from == nil:
+		case plain && fp.servers != nil:
+			fp.servers.serve(b, from)
+		default:
+			fp.chain.passQuery(passedQuery{b: bytes.Clone(b), from: from})
+		}
 	}
 	if passed > 0 {
 		fp.passed.Add(float64(passed))
@@ -502,20 +525,21 @@ func (r *fastReader) handle(n int) {
 	r.flush()
 }
 
-// answer writes the reply to datagram i from its block's store, if it holds one, and reports whether it did.
-func (r *fastReader) answer(b []byte, i int, now time.Time) bool {
+// answer writes the reply to datagram i from its block's store, if it holds one, and reports whether it did,
+// and whether parseWireQuery read it (a plain query).
+func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain bool) {
 	n, ok := parseWireQuery(b, &r.wq, &r.key)
 	if !ok {
-		return false
+		return false, false
 	}
 	block := r.fp.routes.route(unsafe.String(&r.key[0], n-5))
 	if block == nil {
-		return false
+		return false, true
 	}
 	wc := block.wc
 	e := wc.store.get(wc.store.hash(r.key[:n]), r.key[:n])
 	if e == nil {
-		return false
+		return false, true
 	}
 	need := len(e.plain.wire) + optLen
 	if cap(r.arena)-len(r.arena) < need {
@@ -526,7 +550,7 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) bool {
 	out, ok := e.render(buf, q, client{v6: r.fp.v6}, now)
 	if !ok {
 		// Expired (the chain refreshes it, or serves it stale), or a reply that needs truncation.
-		return false
+		return false, true
 	}
 	m := block.metrics
 	m.hits.Inc()
@@ -543,7 +567,7 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) bool {
 	o.Hdr = unix.Msghdr{Name: r.hdrs[i].Hdr.Name, Namelen: r.hdrs[i].Hdr.Namelen, Iov: &r.outIovs[r.nOut]}
 	o.Hdr.SetIovlen(1)
 	r.nOut++
-	return true
+	return true, true
 }
 
 // flush sends the replies of the batch.
@@ -617,14 +641,10 @@ type chainConn struct {
 	earlier chan struct{}
 }
 
-// pass queues datagram b from the sender in name for CoreDNS's server.
-func (c *chainConn) pass(b []byte, name *unix.RawSockaddrInet6, namelen uint32) {
-	from := sockaddrUDP(name, namelen)
-	if from == nil {
-		return
-	}
+// passQuery queues q for CoreDNS's server.
+func (c *chainConn) passQuery(q passedQuery) {
 	select {
-	case c.queue <- passedQuery{b: bytes.Clone(b), from: from}:
+	case c.queue <- q:
 	case <-c.closed:
 	}
 }

@@ -1,0 +1,165 @@
+//go:build linux
+
+package wirecache
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/coredns/coredns/core/dnsserver"
+
+	"github.com/miekg/dns"
+)
+
+// maxKeptServers bounds the goroutines a fast path keeps between the queries it hands to CoreDNS's server.
+// Under more concurrent misses than this, a query gets a goroutine of its own, as miekg/dns gives each.
+const maxKeptServers = 256
+
+// chainServers hand the plain queries the fast path read but holds no answer for (misses, expired entries)
+// to CoreDNS's server, as miekg/dns's UDP server would: unpacked by dns.Msg.Unpack into the request it
+// would build, answered by the server's ServeDNS through a writer that packs and writes as miekg/dns's does.
+// Plain means that parseWireQuery read it: a query miekg/dns's server accepts and unpacks without error, with
+// no TSIG, so none of the server's own checks (FORMERR, NOTIMP, TSIG) applies to it. Every other datagram
+// goes through the fast path's miekg/dns server (chainConn).
+//
+// They differ from that server in what it costs: a miss goes deep into the plugin chain (cache, the upstream
+// exchange), and a goroutine started for each query grows its stack again for each one. The goroutines here
+// are kept between queries, so their stacks stay grown, and a query reaches one in a single hand-off.
+type chainServers struct {
+	fp  *fastPath
+	ctx context.Context
+	// jobs is unbuffered: a send succeeds only when a kept goroutine is idle and waiting.
+	jobs chan passedQuery
+	// kept counts the kept goroutines, started those ever started.
+	kept, started atomic.Int32
+	inFly         sync.WaitGroup
+}
+
+func newChainServers(fp *fastPath) *chainServers {
+	// The context CoreDNS's server builds for each query; nothing in the chain changes it in place.
+	ctx := context.WithValue(context.Background(), dnsserver.Key{}, fp.srv)
+	ctx = context.WithValue(ctx, dnsserver.LoopKey{}, 0)
+	return &chainServers{fp: fp, ctx: ctx, jobs: make(chan passedQuery)}
+}
+
+// serve hands datagram b (a plain query) from sender from to the server. b is copied.
+func (s *chainServers) serve(b []byte, from *net.UDPAddr) {
+	q := passedQuery{b: bytes.Clone(b), from: from}
+	s.inFly.Add(1)
+	select {
+	case s.jobs <- q:
+		return
+	default:
+	}
+	if s.kept.Add(1) <= maxKeptServers {
+		s.started.Add(1)
+		go s.keep(q)
+		return
+	}
+	s.kept.Add(-1)
+	go s.answer(q)
+}
+
+// keep answers q, then whatever comes next, until close.
+func (s *chainServers) keep(q passedQuery) {
+	defer s.kept.Add(-1)
+	for ok := true; ok; q, ok = <-s.jobs {
+		s.answer(q)
+	}
+}
+
+func (s *chainServers) answer(q passedQuery) {
+	defer s.inFly.Done()
+	req := new(dns.Msg)
+	if err := req.Unpack(q.b); err != nil {
+		// parseWireQuery read it, so miekg/dns reads it too; should they ever disagree, the query gets the
+		// answer miekg/dns's server gives to what it cannot read.
+		s.fp.chain.passQuery(q)
+		return
+	}
+	s.fp.srv.ServeDNS(s.ctx, &chainWriter{fp: s.fp, to: q.from}, req)
+}
+
+// close lets the kept goroutines end once idle. No serve may follow it.
+func (s *chainServers) close() { close(s.jobs) }
+
+// wait waits for the queries handed over to be answered, or ctx to end.
+func (s *chainServers) wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.inFly.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// chainWriter is the dns.ResponseWriter of a query chainServers hands over: miekg/dns's UDP response writer
+// for a server with no TSIG secrets, writing through the fast path's socket.
+type chainWriter struct {
+	fp     *fastPath
+	to     *net.UDPAddr
+	closed bool
+}
+
+var (
+	errWriteAfterClose = errors.New("dns: Write called after Close")
+	errClosedTwice     = errors.New("dns: connection already closed")
+)
+
+// WriteMsg implements dns.ResponseWriter.
+func (w *chainWriter) WriteMsg(m *dns.Msg) error {
+	if w.closed {
+		return errWriteAfterClose
+	}
+	data, err := m.Pack()
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(data)
+	return err
+}
+
+// Write implements dns.ResponseWriter.
+func (w *chainWriter) Write(b []byte) (int, error) {
+	if w.closed {
+		return 0, errWriteAfterClose
+	}
+	return w.fp.conn.WriteTo(b, w.to)
+}
+
+// LocalAddr implements dns.ResponseWriter.
+func (w *chainWriter) LocalAddr() net.Addr { return w.fp.conn.LocalAddr() }
+
+// RemoteAddr implements dns.ResponseWriter.
+func (w *chainWriter) RemoteAddr() net.Addr { return w.to }
+
+// TsigStatus implements dns.ResponseWriter: the query carried no TSIG.
+func (w *chainWriter) TsigStatus() error { return nil }
+
+// TsigTimersOnly implements dns.ResponseWriter.
+func (w *chainWriter) TsigTimersOnly(bool) {}
+
+// Hijack implements dns.ResponseWriter; a UDP writer has nothing to give up.
+func (w *chainWriter) Hijack() {}
+
+// Close implements dns.ResponseWriter; the socket is the fast path's.
+func (w *chainWriter) Close() error {
+	if w.closed {
+		return errClosedTwice
+	}
+	w.closed = true
+	return nil
+}
+
+// ConnectionState implements dns.ConnectionStater as miekg/dns's writer does for UDP.
+func (w *chainWriter) ConnectionState() *tls.ConnectionState { return nil }

@@ -1,0 +1,157 @@
+//go:build linux
+
+package wirecache
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+
+	"github.com/miekg/dns"
+)
+
+// handlerFunc is a plugin.Handler made of a function.
+type handlerFunc func(context.Context, dns.ResponseWriter, *dns.Msg) (int, error)
+
+func (f handlerFunc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	return f(ctx, w, r)
+}
+func (handlerFunc) Name() string { return "test" }
+
+// newTestChainServers returns chainServers for a CoreDNS server whose one block runs handler, writing
+// through a socket on loopback, and a client socket to send from and read the replies on.
+func newTestChainServers(t *testing.T, handler plugin.Handler) (*chainServers, *net.UDPConn) {
+	t.Helper()
+	cfg := &dnsserver.Config{Zone: ".", Port: "53", ListenHosts: []string{"127.0.0.1"}}
+	cfg.AddPlugin(func(plugin.Handler) plugin.Handler { return handler })
+	srv, err := dnsserver.NewServer("dns://127.0.0.1:53", []*dnsserver.Config{cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	fp := &fastPath{srv: srv, conn: conn}
+	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), earlier: make(chan struct{}, 1)}
+	return newChainServers(fp), client
+}
+
+// readReplies reads n replies on client and returns their IDs. The deadline only bounds a failure.
+func readReplies(client *net.UDPConn, n int) (map[uint16]bool, error) {
+	ids := map[uint16]bool{}
+	buf := make([]byte, 512)
+	for i := range n {
+		_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+		l, _, err := client.ReadFromUDP(buf)
+		if err != nil {
+			return ids, fmt.Errorf("reply %d of %d: %w", i+1, n, err)
+		}
+		m := new(dns.Msg)
+		if err := m.Unpack(buf[:l]); err != nil {
+			return ids, err
+		}
+		if len(m.Answer) != 1 {
+			return ids, fmt.Errorf("reply %d: %v", m.Id, m)
+		}
+		ids[m.Id] = true
+	}
+	return ids, nil
+}
+
+func answerA(_ context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	m := new(dns.Msg)
+	m.SetReply(r)
+	m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.IPv4(192, 0, 2, 1)})
+	return dns.RcodeSuccess, w.WriteMsg(m)
+}
+
+func packedQuery(t *testing.T, id uint16) []byte {
+	t.Helper()
+	q := new(dns.Msg)
+	q.SetQuestion(fmt.Sprintf("q%d.example.org.", id), dns.TypeA)
+	q.Id = id
+	b, err := q.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestChainServersKeepTheirGoroutines hands queries over one at a time, and checks that they are answered
+// by goroutines kept between queries rather than one started for each.
+func TestChainServersKeepTheirGoroutines(t *testing.T) {
+	s, client := newTestChainServers(t, handlerFunc(answerA))
+	from := client.LocalAddr().(*net.UDPAddr)
+	const queries = 100
+	for id := range uint16(queries) {
+		s.serve(packedQuery(t, id), from)
+		if ids, err := readReplies(client, 1); err != nil || !ids[id] {
+			t.Fatalf("query %d: replies %v %v", id, ids, err)
+		}
+	}
+	// One goroutine would do; a few more when a query comes before the last one is back to waiting. A
+	// goroutine for each query is the fault this catches.
+	if started := s.started.Load(); started > queries/10 {
+		t.Errorf("%d goroutines started for %d queries one at a time", started, queries)
+	}
+	s.close()
+	if err := s.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChainServersBeyondTheKept holds more queries than goroutines are kept in the chain at once: each is
+// answered all the same, the kept ones no more than maxKeptServers, and wait waits for every one.
+func TestChainServersBeyondTheKept(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, maxKeptServers+20)
+	s, client := newTestChainServers(t, handlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+		arrived <- struct{}{}
+		<-release
+		return answerA(ctx, w, r)
+	}))
+	from := client.LocalAddr().(*net.UDPAddr)
+	const queries = maxKeptServers + 20
+	for id := range uint16(queries) {
+		s.serve(packedQuery(t, id), from)
+	}
+	for range queries {
+		<-arrived
+	}
+	if kept := s.kept.Load(); kept != maxKeptServers {
+		t.Errorf("%d goroutines kept, want %d", kept, maxKeptServers)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.wait(ctx); err == nil {
+		t.Error("wait returned while every query was held in the chain")
+	}
+	// Read as they come, so that no reply waits in the client's socket buffer long enough to overflow it.
+	var ids map[uint16]bool
+	read := make(chan error)
+	go func() {
+		var err error
+		ids, err = readReplies(client, queries)
+		read <- err
+	}()
+	close(release)
+	if err := <-read; err != nil || len(ids) != queries {
+		t.Errorf("%d distinct replies to %d queries: %v", len(ids), queries, err)
+	}
+	s.close()
+	if err := s.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
