@@ -16,9 +16,15 @@ import (
 	"github.com/miekg/dns"
 )
 
-// maxKeptServers bounds the goroutines a fast path keeps between the queries it hands to CoreDNS's server.
-// Under more concurrent misses than this, a query gets a goroutine of its own, as miekg/dns gives each.
-const maxKeptServers = 256
+const (
+	// maxKeptServers bounds the goroutines a fast path keeps between the queries it hands to CoreDNS's
+	// server. Under more concurrent misses than this, a query gets a goroutine of its own, as miekg/dns
+	// gives each.
+	maxKeptServers = 256
+	// maxIdleServers is how many of them stay once idle, so that a burst (a slow upstream holding many
+	// misses at once) leaves no more than this many grown stacks behind.
+	maxIdleServers = 16
+)
 
 // chainServers hand the plain queries the fast path read but holds no answer for (misses, expired entries)
 // to CoreDNS's server, as miekg/dns's UDP server would: unpacked by dns.Msg.Unpack into the request it
@@ -35,9 +41,9 @@ type chainServers struct {
 	ctx context.Context
 	// jobs is unbuffered: a send succeeds only when a kept goroutine is idle and waiting.
 	jobs chan passedQuery
-	// kept counts the kept goroutines, started those ever started.
-	kept, started atomic.Int32
-	inFly         sync.WaitGroup
+	// kept counts the kept goroutines, busy those of them answering a query, started those ever started.
+	kept, busy, started atomic.Int32
+	inFly               sync.WaitGroup
 }
 
 func newChainServers(fp *fastPath) *chainServers {
@@ -65,11 +71,15 @@ func (s *chainServers) serve(b []byte, from *net.UDPAddr) {
 	go s.answer(q)
 }
 
-// keep answers q, then whatever comes next, until close.
+// keep answers q, then whatever comes next, until close or until more than maxIdleServers are idle.
 func (s *chainServers) keep(q passedQuery) {
 	defer s.kept.Add(-1)
 	for ok := true; ok; q, ok = <-s.jobs {
+		s.busy.Add(1)
 		s.answer(q)
+		if s.kept.Load()-s.busy.Add(-1) > maxIdleServers {
+			return
+		}
 	}
 }
 

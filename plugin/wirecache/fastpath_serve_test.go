@@ -150,8 +150,14 @@ func TestChainServersBeyondTheKept(t *testing.T) {
 	if err := <-read; err != nil || len(ids) != queries {
 		t.Errorf("%d distinct replies to %d queries: %v", len(ids), queries, err)
 	}
-	s.close()
 	if err := s.wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// Idle again, the goroutines beyond maxIdleServers end. The deadline only bounds a failure.
+	for deadline := time.Now().Add(time.Minute); s.kept.Load() > maxIdleServers; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines kept a minute after the burst, want at most %d", s.kept.Load(), maxIdleServers)
+		}
+	}
+	s.close()
 }
