@@ -16,14 +16,6 @@ import (
 	"github.com/miekg/dns"
 )
 
-// handlerFunc is a plugin.Handler made of a function.
-type handlerFunc func(context.Context, dns.ResponseWriter, *dns.Msg) (int, error)
-
-func (f handlerFunc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
-	return f(ctx, w, r)
-}
-func (handlerFunc) Name() string { return "test" }
-
 // newTestChainServers returns chainServers for a CoreDNS server whose one block runs handler, writing
 // through a socket on loopback, and a client socket to send from and read the replies on.
 func newTestChainServers(t *testing.T, handler plugin.Handler) (*chainServers, *net.UDPConn) {
@@ -80,8 +72,7 @@ func answerA(_ context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
 
 func packedQuery(t *testing.T, id uint16) []byte {
 	t.Helper()
-	q := new(dns.Msg)
-	q.SetQuestion(fmt.Sprintf("q%d.example.org.", id), dns.TypeA)
+	q := newQuery(fmt.Sprintf("q%d.example.org.", id), dns.TypeA, 0, false)
 	q.Id = id
 	b, err := q.Pack()
 	if err != nil {
@@ -93,7 +84,7 @@ func packedQuery(t *testing.T, id uint16) []byte {
 // TestChainServersKeepTheirGoroutines hands queries over one at a time, and checks that they are answered
 // by goroutines kept between queries rather than one started for each.
 func TestChainServersKeepTheirGoroutines(t *testing.T) {
-	s, client := newTestChainServers(t, handlerFunc(answerA))
+	s, client := newTestChainServers(t, plugin.HandlerFunc(answerA))
 	from := client.LocalAddr().(*net.UDPAddr)
 	const queries = 100
 	for id := range uint16(queries) {
@@ -118,7 +109,7 @@ func TestChainServersKeepTheirGoroutines(t *testing.T) {
 func TestChainServersBeyondTheKept(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, maxKeptServers+20)
-	s, client := newTestChainServers(t, handlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	s, client := newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
 		arrived <- struct{}{}
 		<-release
 		return answerA(ctx, w, r)
