@@ -516,12 +516,14 @@ func (r *fastReader) handle(n int) {
 		}
 		passed++
 		from := sockaddrUDP(&r.names[i], h.Hdr.Namelen)
-		switch {
-		case from == nil:
-		case plain && fp.servers != nil:
-			fp.servers.serve(b, from)
-		default:
-			fp.chain.passQuery(passedQuery{b: bytes.Clone(b), from: from})
+		if from == nil {
+			continue
+		}
+		q := passedQuery{b: bytes.Clone(b), from: from}
+		if plain && fp.servers != nil {
+			fp.servers.serve(q)
+		} else {
+			fp.chain.passQuery(q)
 		}
 	}
 	if passed > 0 {

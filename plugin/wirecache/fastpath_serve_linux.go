@@ -3,7 +3,6 @@
 package wirecache
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -53,9 +52,8 @@ func newChainServers(fp *fastPath) *chainServers {
 	return &chainServers{fp: fp, ctx: ctx, jobs: make(chan passedQuery)}
 }
 
-// serve hands datagram b (a plain query) from sender from to the server. b is copied.
-func (s *chainServers) serve(b []byte, from *net.UDPAddr) {
-	q := passedQuery{b: bytes.Clone(b), from: from}
+// serve hands q, a plain query, to the server.
+func (s *chainServers) serve(q passedQuery) {
 	s.inFly.Add(1)
 	select {
 	case s.jobs <- q:

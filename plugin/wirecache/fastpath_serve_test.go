@@ -88,7 +88,7 @@ func TestChainServersKeepTheirGoroutines(t *testing.T) {
 	from := client.LocalAddr().(*net.UDPAddr)
 	const queries = 100
 	for id := range uint16(queries) {
-		s.serve(packedQuery(t, id), from)
+		s.serve(passedQuery{b: packedQuery(t, id), from: from})
 		if ids, err := readReplies(client, 1); err != nil || !ids[id] {
 			t.Fatalf("query %d: replies %v %v", id, ids, err)
 		}
@@ -117,7 +117,7 @@ func TestChainServersBeyondTheKept(t *testing.T) {
 	from := client.LocalAddr().(*net.UDPAddr)
 	const queries = maxKeptServers + 20
 	for id := range uint16(queries) {
-		s.serve(packedQuery(t, id), from)
+		s.serve(passedQuery{b: packedQuery(t, id), from: from})
 	}
 	for range queries {
 		<-arrived
