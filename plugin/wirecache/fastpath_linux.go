@@ -206,6 +206,9 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 	}
 	defer setSteered(false)
 	for {
+		if fp.servers != nil {
+			fp.servers.trim()
+		}
 		group, err := drain.Group(drain.UDP, fp.local)
 		switch {
 		case err != nil:

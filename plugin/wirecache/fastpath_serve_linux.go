@@ -20,8 +20,9 @@ const (
 	// server. Under more concurrent misses than this, a query gets a goroutine of its own, as miekg/dns
 	// gives each.
 	maxKeptServers = 256
-	// maxIdleServers is how many of them stay once idle, so that a burst (a slow upstream holding many
-	// misses at once) leaves no more than this many grown stacks behind.
+	// maxIdleServers is how many of them stay once idle for a trim period (the fast path's steerCheck),
+	// so that a burst (a slow upstream holding many misses at once) leaves no more than this many grown
+	// stacks behind.
 	maxIdleServers = 16
 )
 
@@ -40,16 +41,20 @@ type chainServers struct {
 	ctx context.Context
 	// jobs is unbuffered: a send succeeds only when a kept goroutine is idle and waiting.
 	jobs chan passedQuery
+	// trims ends the idle kept goroutine that receives from it; unbuffered, like jobs.
+	trims chan struct{}
 	// kept counts the kept goroutines, busy those of them answering a query, started those ever started.
 	kept, busy, started atomic.Int32
-	inFly               sync.WaitGroup
+	// fewestIdle is the fewest kept goroutines that were idle at once since the last trim.
+	fewestIdle atomic.Int32
+	inFly      sync.WaitGroup
 }
 
 func newChainServers(fp *fastPath) *chainServers {
 	// The context CoreDNS's server builds for each query; nothing in the chain changes it in place.
 	ctx := context.WithValue(context.Background(), dnsserver.Key{}, fp.srv)
 	ctx = context.WithValue(ctx, dnsserver.LoopKey{}, 0)
-	return &chainServers{fp: fp, ctx: ctx, jobs: make(chan passedQuery)}
+	return &chainServers{fp: fp, ctx: ctx, jobs: make(chan passedQuery), trims: make(chan struct{})}
 }
 
 // serve hands q, a plain query, to the server.
@@ -60,6 +65,7 @@ func (s *chainServers) serve(q passedQuery) {
 		return
 	default:
 	}
+	s.fewestIdle.Store(0)
 	if s.kept.Add(1) <= maxKeptServers {
 		s.started.Add(1)
 		go s.keep(q)
@@ -69,16 +75,51 @@ func (s *chainServers) serve(q passedQuery) {
 	go s.answer(q)
 }
 
-// keep answers q, then whatever comes next, until close or until more than maxIdleServers are idle.
+// keep answers q, then whatever comes next, until close or until trim ends it.
 func (s *chainServers) keep(q passedQuery) {
 	defer s.kept.Add(-1)
-	for ok := true; ok; q, ok = <-s.jobs {
-		s.busy.Add(1)
+	for {
+		s.noteIdle(s.kept.Load() - s.busy.Add(1))
 		s.answer(q)
-		if s.kept.Load()-s.busy.Add(-1) > maxIdleServers {
+		s.busy.Add(-1)
+		var ok bool
+		select {
+		case q, ok = <-s.jobs:
+			if !ok {
+				return
+			}
+		case <-s.trims:
 			return
 		}
 	}
+}
+
+// noteIdle records that idle kept goroutines were idle at one moment.
+func (s *chainServers) noteIdle(idle int32) {
+	for {
+		fewest := s.fewestIdle.Load()
+		if idle >= fewest || s.fewestIdle.CompareAndSwap(fewest, idle) {
+			return
+		}
+	}
+}
+
+// trim ends the kept goroutines beyond maxIdleServers that stayed idle since the last trim, and starts the
+// next period; it returns how many it ended. Ending a goroutine only after a whole period idle keeps the
+// stacks a steady load needs. Under misses at full speed, goroutines ended as soon as more than
+// maxIdleServers were idle (between two batches of queries) were started again for the next batch, and
+// growing their stacks again took 8 % of the cache's CPU.
+func (s *chainServers) trim() (ended int) {
+	idle := s.kept.Load() - s.busy.Load()
+	for excess := min(s.fewestIdle.Swap(idle), idle) - maxIdleServers; excess > 0; excess-- {
+		select {
+		case s.trims <- struct{}{}:
+			ended++
+		default:
+			return ended // the rest went busy meanwhile
+		}
+	}
+	return ended
 }
 
 func (s *chainServers) answer(q passedQuery) {

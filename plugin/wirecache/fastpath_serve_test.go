@@ -147,11 +147,75 @@ func TestChainServersBeyondTheKept(t *testing.T) {
 	if err := s.wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	// Idle again, the goroutines beyond maxIdleServers end. The deadline only bounds a failure.
-	for deadline := time.Now().Add(time.Minute); s.kept.Load() > maxIdleServers; time.Sleep(time.Millisecond) {
+	// Idle for a whole period, the goroutines beyond maxIdleServers end.
+	if ended := s.trim(); ended != 0 {
+		t.Errorf("the first trim after the burst ended %d goroutines", ended)
+	}
+	if ended := s.trim(); ended != maxKeptServers-maxIdleServers {
+		t.Errorf("the second trim ended %d goroutines, want %d", ended, maxKeptServers-maxIdleServers)
+	}
+	waitKept(t, s, maxIdleServers)
+	s.close()
+}
+
+// waitKept waits until s keeps want goroutines. The deadline only bounds a failure.
+func waitKept(t *testing.T, s *chainServers, want int32) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); s.kept.Load() != want; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines kept a minute after the burst, want at most %d", s.kept.Load(), maxIdleServers)
+			t.Fatalf("%d goroutines kept, want %d", s.kept.Load(), want)
 		}
 	}
+}
+
+// TestChainServersKeepThroughBursts hands over bursts of concurrent queries, as a loaded node's misses come
+// in batches, and checks that the goroutines of one burst answer the next: a goroutine is ended only after
+// a whole period (between two trims) idle, not as soon as more than maxIdleServers are idle.
+func TestChainServersKeepThroughBursts(t *testing.T) {
+	const burst, bursts = 4 * maxIdleServers, 5
+	release := make(chan struct{})
+	arrived := make(chan struct{}, burst)
+	s, client := newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+		arrived <- struct{}{}
+		<-release
+		return answerA(ctx, w, r)
+	}))
+	from := client.LocalAddr().(*net.UDPAddr)
+	for b := range uint16(bursts) {
+		for i := range uint16(burst) {
+			s.serve(passedQuery{b: packedQuery(t, b*burst+i), from: from})
+		}
+		for range burst {
+			<-arrived
+		}
+		for range burst {
+			release <- struct{}{}
+		}
+		if _, err := readReplies(client, burst); err != nil {
+			t.Fatalf("burst %d: %v", b, err)
+		}
+		// Every goroutine back to waiting for the next query. The deadline only bounds a failure.
+		for deadline := time.Now().Add(time.Minute); s.busy.Load() != 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("burst %d: %d goroutines still busy a minute after their replies", b, s.busy.Load())
+			}
+		}
+	}
+	// A goroutine may find no one waiting while another is between its reply and its next wait; ending the
+	// ones beyond maxIdleServers after each burst would start burst-maxIdleServers more for every burst.
+	if started := s.started.Load(); started >= 2*burst {
+		t.Errorf("%d goroutines started for %d bursts of %d queries", started, bursts, burst)
+	}
+	// Queries came during this period: no goroutine was idle all through it.
+	if ended := s.trim(); ended != 0 {
+		t.Errorf("the first trim after the bursts ended %d goroutines", ended)
+	}
+	if ended, want := s.trim(), int(s.kept.Load()-maxIdleServers); ended != want {
+		t.Errorf("the second trim ended %d goroutines, want %d", ended, want)
+	}
+	waitKept(t, s, maxIdleServers)
 	s.close()
+	if err := s.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }
