@@ -23,7 +23,8 @@
 # Phases of a run (each query file holds names no earlier phase asked, so a "new" name is a miss):
 #   hits     DURATION s at full speed over HOT names all answered before (A, NOERROR): q/s and CPU µs/query
 #   mixed    DURATION s at full speed: HOT_PERCENT % of queries for the HOT names, the rest for new names, half
-#            of them NXDOMAIN (xN.*): q/s and CPU µs/query
+#            of them NXDOMAIN (xN.*): q/s and CPU µs/query, and the CPU µs a miss adds to the mix, derived from
+#            the hits phase of the same run: (mixed µs/q - HOT_PERCENT % of hits µs/q) / the share of misses
 #   latency  DURATION s of the same mix at RATE q/s: p50 and p99 of dnsperf's per-query latency, and CPU µs
 #            per query at that rate
 #   misses   DURATION s at MISS_RATE q/s of new names only: CPU µs per miss, and the TCP connections the
@@ -197,8 +198,8 @@ echo "nice $NICE; load: $(uptime | sed 's/.*load average/load average/') on $(np
 echo "$ROUNDS rounds of: hits ($HOT names, full speed, $DURATION s), mixed ($HOT_PERCENT % hot, full speed, $DURATION s),"
 echo "latency (the mix at $RATE q/s, $DURATION s), misses (new names at $MISS_RATE q/s, $DURATION s),"
 echo "loaded (new names at full speed, $DURATION s)"
-printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' round variant "hits q/s" "µs/q" "mixed q/s" "µs/q" "p50 ms" \
-    "p99 ms" "µs/q" "µs/miss" conns "loaded/s" "µs/miss" failed
+printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' round variant "hits q/s" "µs/q" "mixed q/s" "µs/q" "µs/miss" \
+    "p50 ms" "p99 ms" "µs/q" "µs/miss" conns "loaded/s" "µs/miss" failed
 read -r -a variants <<<"$VARIANTS"
 for round in $(seq 1 "$ROUNDS"); do
     n=${#variants[@]}
@@ -217,6 +218,8 @@ for round in $(seq 1 "$ROUNDS"); do
         mixed_failed=$failed
         [ "$completed" -lt "$full" ] || die "$variant: the mixed run used up its query file; raise MAX_QPS"
         mixed_qps=$qps mixed_us=$us_per_query
+        mixed_miss_us=$(awk -v m="$mixed_us" -v h="$hits_us" -v p="$HOT_PERCENT" \
+            'BEGIN { if (p == 100) print "-"; else printf "%.1f", (m - p / 100 * h) / (1 - p / 100) }')
         wait_profile
         run_dnsperf "$work/queries.latency" -Q "$RATE" -v
         read -r p50 p99 < <(awk '$1 == ">" { print $NF * 1000 }' <<<"$dnsperf_out" | sort -n |
@@ -234,16 +237,16 @@ for round in $(seq 1 "$ROUNDS"); do
         [ "$completed" -lt "$full" ] || die "$variant: the loaded misses run used up its query file; raise MAX_QPS"
         loaded_qps=$qps loaded_us=$us_per_query failed=$((mixed_failed + misses_failed + failed))
         simnode_stop "$variant"
-        printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' "$round" "$variant" "$hits_qps" "$hits_us" "$mixed_qps" \
-            "$mixed_us" "$p50" "$p99" "$rate_us" "$miss_us" "$conns" "$loaded_qps" "$loaded_us" "$failed"
-        echo "$round $variant $hits_qps $hits_us $mixed_qps $mixed_us $p50 $p99 $rate_us $miss_us $conns $loaded_qps $loaded_us $failed" >>"$results"
+        printf '%-5s %-9s %9s %8s %9s %8s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' "$round" "$variant" "$hits_qps" "$hits_us" "$mixed_qps" \
+            "$mixed_us" "$mixed_miss_us" "$p50" "$p99" "$rate_us" "$miss_us" "$conns" "$loaded_qps" "$loaded_us" "$failed"
+        echo "$round $variant $hits_qps $hits_us $mixed_qps $mixed_us $mixed_miss_us $p50 $p99 $rate_us $miss_us $conns $loaded_qps $loaded_us $failed" >>"$results"
     done
 done
 
 echo
 echo "median over $ROUNDS rounds; q/s also as the ratio to upstream's Corefile in the same round (median of ratios):"
-printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' variant "hits q/s" ratio "µs/q" "mixed q/s" ratio "µs/q" \
-    "p50 ms" "p99 ms" "µs/q" "µs/miss" conns "loaded/s" "µs/miss" failed
+printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' variant "hits q/s" ratio "µs/q" "mixed q/s" ratio "µs/q" \
+    "µs/miss" "p50 ms" "p99 ms" "µs/q" "µs/miss" conns "loaded/s" "µs/miss" failed
 for variant in "${variants[@]}"; do
     awk -v v="$variant" '
         function ratio(r) { return r > 0 ? sprintf("%.2fx", r) : "-" }
@@ -252,11 +255,11 @@ for variant in "${variants[@]}"; do
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
         }
         $2 == "upstream" { uh[$1] = $3; um[$1] = $5 }
-        $2 == v { n++; r[n] = $1; for (f = 3; f <= 14; f++) c[f, n] = $f }
+        $2 == v { n++; r[n] = $1; for (f = 3; f <= 15; f++) c[f, n] = $f }
         END {
-            for (f = 3; f <= 14; f++) { for (i = 1; i <= n; i++) a[i] = c[f, i]; m[f] = median(a, n) }
+            for (f = 3; f <= 15; f++) { for (i = 1; i <= n; i++) a[i] = c[f, i]; m[f] = median(a, n) }
             k = 0; for (i = 1; i <= n; i++) if (uh[r[i]] > 0) { k++; a[k] = c[3, i] / uh[r[i]] }; rh = k ? median(a, k) : 0
             k = 0; for (i = 1; i <= n; i++) if (um[r[i]] > 0) { k++; a[k] = c[5, i] / um[r[i]] }; rm = k ? median(a, k) : 0
-            printf "%-9s %9.0f %6s %8.1f %9.0f %6s %8.1f %8.3f %8.3f %8.1f %9.1f %6.0f %9.0f %9.1f %6.0f\n", v, m[3], ratio(rh), m[4], m[5], ratio(rm), m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13], m[14]
+            printf "%-9s %9.0f %6s %8.1f %9.0f %6s %8.1f %8.1f %8.3f %8.3f %8.1f %9.1f %6.0f %9.0f %9.1f %6.0f\n", v, m[3], ratio(rh), m[4], m[5], ratio(rm), m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]
         }' "$results"
 done
