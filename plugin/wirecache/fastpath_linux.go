@@ -181,7 +181,8 @@ func (fp *fastPath) stop() {
 // While another process has sockets there (a successor that must prove it answers, then takes the node
 // over and steers the group itself), the fast path gives the group back to the kernel's hash once, if it
 // was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
-// checks with a probe every steerVerify that packets still come to it.
+// checks with a probe every steerVerify that packets still come to it. Each round also ends the goroutines
+// the chainServers keep beyond what the last round needed (trim).
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
 	t := time.NewTicker(steerCheck)

@@ -94,7 +94,7 @@ func (s *chainServers) keep(q passedQuery) {
 	}
 }
 
-// noteIdle records that idle kept goroutines were idle at one moment.
+// noteIdle lowers fewestIdle to idle, the number of kept goroutines idle at this moment.
 func (s *chainServers) noteIdle(idle int32) {
 	for {
 		fewest := s.fewestIdle.Load()
