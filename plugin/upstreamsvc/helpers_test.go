@@ -244,6 +244,8 @@ func pluginGoroutines() int {
 			"github.com/coredns/coredns/plugin/pkg/proxy.",
 			"github.com/coredns/coredns/plugin/pkg/up.",
 			"upstreamsvc.(*serviceWatch)",
+			"upstreamsvc.(*pipeConn)",
+			"upstreamsvc.(*pipeline)",
 		} {
 			if strings.Contains(g, mark) {
 				n++

@@ -1,6 +1,9 @@
 package upstreamsvc
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/coredns/coredns/plugin"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -8,7 +11,8 @@ import (
 )
 
 // Variables declared for monitoring. Forwarding itself is measured by CoreDNS's proxy metrics
-// (coredns_proxy_*) with proxy_name="upstreamsvc".
+// (coredns_proxy_*) with proxy_name="upstreamsvc", the pipelined queries included (proxyRequestDuration
+// and the others below are the proxy package's own series).
 var (
 	upstreamInfo = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
@@ -45,3 +49,48 @@ var (
 		Help:      "Counter of queries refused because max_concurrent queries were in flight.",
 	}, []string{"server", "zones"})
 )
+
+// The proxy package's series, which it registers and keeps unexported: the pipelined exchange counts its
+// queries in them as forward counts its own. Registering a collector with the same name, help and labels
+// returns the registered one (prometheus.AlreadyRegisteredError); the proxy package is initialised before
+// this one, since this one imports it.
+var (
+	//nolint:forbidigo // promauto would register a second collector under the proxy package's name (a panic)
+	proxyRequestDuration = registered(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "proxy",
+		Name:      "request_duration_seconds",
+		Buckets:   plugin.TimeBuckets,
+		Help:      "Histogram of the time each request took.",
+	}, []string{"proxy_name", "to", "rcode"}))
+
+	//nolint:forbidigo // as above
+	proxyConnCacheHits = registered(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "proxy",
+		Name:      "conn_cache_hits_total",
+		Help:      "Counter of connection cache hits per upstream and protocol.",
+	}, []string{"proxy_name", "to", "proto"}))
+
+	//nolint:forbidigo // as above
+	proxyConnCacheMisses = registered(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "proxy",
+		Name:      "conn_cache_misses_total",
+		Help:      "Counter of connection cache misses per upstream and protocol.",
+	}, []string{"proxy_name", "to", "proto"}))
+)
+
+// registered returns the collector registered under c's description, registering c if there is none.
+func registered[C prometheus.Collector](c C) C {
+	err := prometheus.Register(c)
+	if err == nil {
+		return c
+	}
+	if already, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
+		if existing, ok := already.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	panic(fmt.Sprintf("upstreamsvc: registering %T: %v", c, err))
+}

@@ -3,15 +3,17 @@
 //
 // A node-local cache owns the kube-dns ClusterIP, so it reaches CoreDNS through a second Service.
 // The address is taken from the Kubernetes API (watched), else from the variables Kubernetes
-// injects into the pod, else from a static fallback. Forwarding is done by CoreDNS's forward
-// plugin and proxy package; a changed address swaps in a new forwarder without failing queries
-// that are already on their way.
+// injects into the pod, else from a static fallback. Over TCP, queries are pipelined on one connection
+// per address (pipeline.go); CoreDNS's forward plugin and proxy package carry the rest (UDP, dnstap, a query
+// held up or failed on its pipelined connection) and keep the health checks. A changed address swaps in a
+// new forwarder without failing queries that are already on their way.
 package upstreamsvc
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -26,6 +28,7 @@ import (
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/coredns/coredns/plugin/pkg/proxy"
 	"github.com/coredns/coredns/plugin/pkg/transport"
+	"github.com/coredns/coredns/request"
 
 	"github.com/miekg/dns"
 )
@@ -91,7 +94,10 @@ type UpstreamSvc struct {
 type upstream struct {
 	fwd *forward.Forward
 	// proxies are fwd's, one per address, kept to read their health.
-	proxies  []*proxy.Proxy
+	proxies []*proxy.Proxy
+	// pipes carry the queries over pipelined TCP connections, one per address; nil where forward carries
+	// every query (prefer_udp, dnstap).
+	pipes    []*pipeline
 	inflight atomic.Int64
 	retired  atomic.Bool
 	stopOnce sync.Once
@@ -155,6 +161,10 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 		failFasts.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
 		return dns.RcodeServerFailure, errAllDown
 	}
+	if answered := u.pipelined(ctx, up, w, r); answered {
+		u.release(up)
+		return dns.RcodeSuccess, nil
+	}
 	rcode, err := up.fwd.ServeDNS(ctx, w, r)
 	u.release(up)
 	if rcode != dns.RcodeServerFailure || err == nil || ctx.Err() != nil {
@@ -172,6 +182,34 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 	}
 	switchRetries.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
 	return next.fwd.ServeDNS(ctx, w, r)
+}
+
+// pipelined sends r over a pipelined connection to one of up's addresses, picked at random as forward
+// picks, and writes the answer as forward would. It reports false when it wrote nothing: the query was not
+// sent, or got no answer there (the connection closed, or was held up by a slow answer), and forward is to
+// carry it.
+func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.ResponseWriter, r *dns.Msg) bool {
+	if len(up.pipes) == 0 {
+		return false
+	}
+	p := up.pipes[0]
+	if len(up.pipes) > 1 {
+		p = up.pipes[rand.IntN(len(up.pipes))] //nolint:gosec // spreading queries needs no unpredictable choice
+	}
+	ret, err := p.exchange(ctx, r)
+	if err != nil {
+		return false
+	}
+	state := request.Request{W: w, Req: r}
+	if !state.Match(ret) {
+		// As forward answers a reply that does not match the query.
+		formerr := new(dns.Msg)
+		formerr.SetRcode(r, dns.RcodeFormatError)
+		_ = w.WriteMsg(formerr)
+		return true
+	}
+	_ = w.WriteMsg(ret)
+	return true
 }
 
 // acquire returns the current upstream with a hold on it, or nil after shutdown.
@@ -207,6 +245,9 @@ func (u *UpstreamSvc) retire(up *upstream) {
 
 func (up *upstream) stop() {
 	up.stopOnce.Do(func() {
+		for _, p := range up.pipes {
+			p.close()
+		}
 		if err := up.fwd.OnShutdown(); err != nil {
 			log.Warningf("Stopping the forwarder to a replaced address: %v", err)
 		}
@@ -290,7 +331,13 @@ func (u *UpstreamSvc) switchTo(set upstreamSet) {
 		return
 	}
 	fwd, proxies := u.newForward(set.addrs)
-	u.current.Store(&upstream{fwd: fwd, proxies: proxies})
+	up := &upstream{fwd: fwd, proxies: proxies}
+	if !u.cfg.PreferUDP && u.tap == nil {
+		for _, addr := range set.addrs {
+			up.pipes = append(up.pipes, newPipeline(addr, u.cfg.Expire))
+		}
+	}
+	u.current.Store(up)
 	previous := u.active
 	u.active = set
 	u.publishInfo()

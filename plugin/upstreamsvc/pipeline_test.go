@@ -1,0 +1,375 @@
+package upstreamsvc
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coredns/coredns/plugin/pkg/dnstest"
+	"github.com/coredns/coredns/plugin/test"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// frameServer is a TCP DNS server on loopback under the test's control: each connection's frames go to
+// the test on frames, each with the bytes of the read it came in, and the test answers through reply.
+type frameServer struct {
+	ln     net.Listener
+	frames chan frame
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+type frame struct {
+	conn net.Conn
+	msg  *dns.Msg
+	read int // bytes the read that completed this frame returned
+}
+
+func newFrameServer(t *testing.T) *frameServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &frameServer{ln: ln, frames: make(chan frame, 64)}
+	t.Cleanup(func() {
+		ln.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, c)
+			s.mu.Unlock()
+			go s.serve(c)
+		}
+	}()
+	return s
+}
+
+func (s *frameServer) serve(c net.Conn) {
+	var buf []byte
+	chunk := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(chunk)
+		if err != nil {
+			return
+		}
+		buf = append(buf, chunk[:n]...)
+		for len(buf) >= 2 && len(buf) >= 2+int(binary.BigEndian.Uint16(buf)) {
+			l := int(binary.BigEndian.Uint16(buf))
+			m := new(dns.Msg)
+			if err := m.Unpack(buf[2 : 2+l]); err == nil {
+				s.frames <- frame{conn: c, msg: m, read: n}
+			}
+			buf = buf[2+l:]
+		}
+	}
+}
+
+func (s *frameServer) addr() string { return s.ln.Addr().String() }
+
+// next returns the next query the server read. The deadline only bounds a failure.
+func (s *frameServer) next(t *testing.T) frame {
+	t.Helper()
+	select {
+	case f := <-s.frames:
+		return f
+	case <-time.After(waitLimit):
+		t.Fatal("no query reached the server")
+		return frame{}
+	}
+}
+
+// reply answers f's query with an A record for its name.
+func reply(t *testing.T, f frame) {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetReply(f.msg)
+	m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: f.msg.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(192, 0, 2, 9)}}
+	b, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.conn.Write(binary.BigEndian.AppendUint16(nil, uint16(len(b)))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.conn.Write(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func aQuery(name string, id uint16) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeA)
+	m.Id = id
+	return m
+}
+
+type exchangeResult struct {
+	m   *dns.Msg
+	err error
+}
+
+func goExchange(p *pipeline, r *dns.Msg) <-chan exchangeResult {
+	out := make(chan exchangeResult, 1)
+	go func() {
+		m, err := p.exchange(context.Background(), r)
+		out <- exchangeResult{m, err}
+	}()
+	return out
+}
+
+// openPipeline returns a pipeline to s with its connection up.
+func openPipeline(t *testing.T, s *frameServer) *pipeline {
+	t.Helper()
+	p := newPipeline(s.addr(), time.Hour)
+	t.Cleanup(p.close)
+	if _, _, err := p.conn(); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPipelineMatchesAnswersByID answers two queries on one connection in the reverse order: each gets
+// its own answer, with its own ID.
+func TestPipelineMatchesAnswersByID(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s)
+	first := goExchange(p, aQuery("first.example.", 1000))
+	f1 := s.next(t)
+	second := goExchange(p, aQuery("second.example.", 1000))
+	f2 := s.next(t)
+	if f1.conn != f2.conn {
+		t.Fatal("the queries went on two connections")
+	}
+	if f1.msg.Id == f2.msg.Id {
+		t.Fatalf("both queries went out with ID %d", f1.msg.Id)
+	}
+	reply(t, f2)
+	reply(t, f1)
+	for name, ch := range map[string]<-chan exchangeResult{"first.example.": first, "second.example.": second} {
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("%s: %v", name, r.err)
+		}
+		if r.m.Id != 1000 || r.m.Question[0].Name != name {
+			t.Errorf("%s: got the answer for %s with ID %d", name, r.m.Question[0].Name, r.m.Id)
+		}
+	}
+}
+
+// TestPipelineWritesQueuedQueriesAtOnce queues three queries while a write is under way: the writer sends
+// them in one write.
+func TestPipelineWritesQueuedQueriesAtOnce(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s)
+	c, _, err := p.conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.writing = true // as while a writer is at it
+	c.mu.Unlock()
+	var sizes []int
+	for i := range 3 {
+		packed, err := aQuery("q.example.", uint16(i)).Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, 2+len(packed))
+		if _, ok := c.enqueue(&pipeQuery{done: make(chan *dns.Msg, 1)}, packed); !ok {
+			t.Fatal("the connection took no query")
+		}
+	}
+	c.flush()
+	want := sizes[0] + sizes[1] + sizes[2]
+	for range 3 {
+		if f := s.next(t); f.read != want {
+			t.Errorf("a query came in a read of %d bytes, want the three queries' %d", f.read, want)
+		}
+	}
+}
+
+// TestPipelineLeavesAHeldUpConnection holds the answer to a query: a query sent behind it on the same
+// connection gives up (the caller sends it with forward), the connection takes no new queries, and the
+// held query still gets its answer.
+func TestPipelineLeavesAHeldUpConnection(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s)
+	c, _, err := p.conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both queued before either waits, so that the held one cannot retire the connection first.
+	send := func(name string) (*pipeQuery, uint16, time.Time) {
+		packed, err := aQuery(name, 0).Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := &pipeQuery{done: make(chan *dns.Msg, 1)}
+		id, ok := c.enqueue(q, packed)
+		if !ok {
+			t.Fatalf("%s: the connection took no query", name)
+		}
+		return q, id, time.Now()
+	}
+	heldQ, heldID, heldStart := send("slow.example.")
+	behindQ, behindID, behindStart := send("fast.example.")
+	slow := s.next(t)
+	s.next(t) // the server reads the second query, and answers nothing before slow's answer
+	held := make(chan exchangeResult, 1)
+	go func() {
+		m, err := c.wait(context.Background(), heldQ, heldID, heldStart)
+		held <- exchangeResult{m, err}
+	}()
+	if m, err := c.wait(context.Background(), behindQ, behindID, behindStart); !errors.Is(err, errPipeStalled) {
+		t.Fatalf("the query behind the held one: %v, %v; want %v", m, err, errPipeStalled)
+	}
+	// A new connection takes the next queries.
+	if n, _, err := p.conn(); err != nil || n == c {
+		t.Fatalf("after the held-up connection: %v, the same connection %v", err, n == c)
+	}
+	next := goExchange(p, aQuery("next.example.", 3))
+	f := s.next(t)
+	if f.conn == slow.conn {
+		t.Fatal("a new query went on the held-up connection")
+	}
+	reply(t, f)
+	if r := <-next; r.err != nil {
+		t.Fatalf("the query on the new connection: %v", r.err)
+	}
+	reply(t, slow)
+	if r := <-held; r.err != nil || r.m.Question[0].Name != "slow.example." {
+		t.Fatalf("the held query: %v, %v", r.m, r.err)
+	}
+}
+
+// TestPipelineConnectionClosed closes the connection under a waiting query: the query gives up, and the
+// next query goes on a new connection.
+func TestPipelineConnectionClosed(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s)
+	first := goExchange(p, aQuery("first.example.", 1))
+	f := s.next(t)
+	f.conn.Close()
+	if r := <-first; !errors.Is(r.err, errPipeClosed) {
+		t.Fatalf("got %v, %v; want %v", r.m, r.err, errPipeClosed)
+	}
+	// The closed connection is forgotten once its reader saw the close. The deadline only bounds a failure.
+	waitFor(t, waitLimit, "a new connection", func() bool {
+		_, reused, err := p.conn()
+		return err == nil && !reused
+	})
+	second := goExchange(p, aQuery("second.example.", 2))
+	reply(t, s.next(t))
+	if r := <-second; r.err != nil {
+		t.Fatal(r.err)
+	}
+}
+
+// TestPipelineClose ends the queries waiting when the upstream is stopped.
+func TestPipelineClose(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s)
+	waiting := goExchange(p, aQuery("q.example.", 1))
+	s.next(t)
+	p.close()
+	if r := <-waiting; !errors.Is(r.err, errPipeClosed) {
+		t.Fatalf("got %v, %v; want %v", r.m, r.err, errPipeClosed)
+	}
+	if _, err := p.exchange(context.Background(), aQuery("q.example.", 2)); !errors.Is(err, errPipeUnavailable) {
+		t.Fatalf("after close: %v, want %v", err, errPipeUnavailable)
+	}
+}
+
+// TestSlowAnswerHoldsNoQueryUp holds the answer to one name at the upstream: a query for another name,
+// sent after it over the same pipelined connection, is answered while that answer is held (forward carries
+// it once the connection is held up), and the held query gets its answer once it comes.
+func TestSlowAnswerHoldsNoQueryUp(t *testing.T) {
+	up, err := listenUpstream("127.0.0.1", 0, net.IPv4(192, 0, 2, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.Close)
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var holding atomic.Bool // only the first counted query is held
+	up.hold = func() {
+		if holding.CompareAndSwap(false, true) {
+			arrived <- struct{}{}
+			<-release
+		}
+	}
+
+	u := New(Config{Service: defaultService, Namespace: defaultNamespace, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
+	u.initial = upstreamSet{addrs: []string{up.tcp.Listener.Addr().String()}, source: sourceFallback}
+	if err := u.OnStartup(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.OnShutdown() })
+	if _, _, err := u.current.Load().pipes[0].conn(); err != nil {
+		t.Fatal(err)
+	}
+	before := pipelinedQueries(t)
+
+	held := make(chan *dnstest.Recorder, 1)
+	go func() {
+		rec := dnstest.NewRecorder(&test.ResponseWriter{})
+		u.ServeDNS(context.Background(), rec, new(dns.Msg).SetQuestion("slow.example.org.", dns.TypeA))
+		held <- rec
+	}()
+	<-arrived
+	rec := dnstest.NewRecorder(&test.ResponseWriter{})
+	if rcode, err := u.ServeDNS(context.Background(), rec, new(dns.Msg).SetQuestion("fast.example.org.", dns.TypeA)); err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil || len(rec.Msg.Answer) != 1 {
+		t.Fatalf("a query while another's answer is held: rcode %d, %v, %v", rcode, err, rec.Msg)
+	}
+	close(release)
+	if rec := <-held; rec.Msg == nil || len(rec.Msg.Answer) != 1 || rec.Msg.Question[0].Name != "slow.example.org." {
+		t.Fatalf("the held query: %v", rec.Msg)
+	}
+	// The held query went over the pipelined connection (the other went there too and gave up, or found
+	// the connection retired by then and went to forward directly).
+	if n := pipelinedQueries(t) - before; n < 1 {
+		t.Errorf("%v queries sent on the pipelined connection, want at least the held one", n)
+	}
+}
+
+// pipelinedQueries sums coredns_proxy_conn_cache_hits_total for upstreamsvc: forward's queries on a
+// connection it had, and every query sent on a pipelined connection.
+func pipelinedQueries(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "coredns_proxy_conn_cache_hits_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "proxy_name" && l.GetValue() == proxyName {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}

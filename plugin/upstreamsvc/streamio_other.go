@@ -1,0 +1,7 @@
+//go:build !linux
+
+package upstreamsvc
+
+import "net"
+
+func newStreamIO(c net.Conn) (streamIO, error) { return c, nil }
