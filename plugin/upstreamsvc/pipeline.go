@@ -42,9 +42,9 @@ var (
 // section 6.2.1.1), matching the answers to the queries by ID in whatever order they come. Queries that
 // arrive while a write is pending go out with it in one write, so that under load a batch of misses costs
 // the cache, and the cluster DNS, one TCP segment and one read instead of one per query. A connection takes
-// new queries for expire after it opened; the next query then opens a new one (kube-proxy picks the cluster
-// DNS Pod for each connection, so the load keeps moving between them), and the old one closes once its
-// last query is answered.
+// new queries for expire after it opened; a new one then opens beside it and takes over (kube-proxy picks
+// the cluster DNS Pod for each connection, so the load keeps moving between them), and the old one closes
+// once its last query is answered.
 //
 // Every error leaves the query unanswered and tells the caller why; the caller sends it with forward.
 type pipeline struct {
