@@ -146,30 +146,59 @@ func openPipeline(t *testing.T, s *frameServer) *pipeline {
 	return p
 }
 
+// sendOn queues a query for name on c and returns what waiting for its answer takes. Tests that need
+// several queries on one connection queue them all before any waits: a query alone on a connection for
+// stallAfter retires it.
+func sendOn(t *testing.T, c *pipeConn, name string) func() exchangeResult {
+	t.Helper()
+	packed, err := aQuery(name, 0).Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &pipeQuery{done: make(chan *dns.Msg, 1)}
+	start := time.Now()
+	id, ok := c.enqueue(q, packed)
+	if !ok {
+		t.Fatalf("%s: the connection took no query", name)
+	}
+	return func() exchangeResult {
+		m, err := c.wait(context.Background(), q, id, start)
+		return exchangeResult{m, err}
+	}
+}
+
 // TestPipelineMatchesAnswersByID answers two queries on one connection in the reverse order: each gets
-// its own answer, with its own ID.
+// its own answer.
 func TestPipelineMatchesAnswersByID(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipeline(t, s)
-	first := goExchange(p, aQuery("first.example.", 1000))
-	f1 := s.next(t)
-	second := goExchange(p, aQuery("second.example.", 1000))
-	f2 := s.next(t)
-	if f1.conn != f2.conn {
-		t.Fatal("the queries went on two connections")
+	c, _, err := p.conn()
+	if err != nil {
+		t.Fatal(err)
 	}
+	waits := map[string]func() exchangeResult{
+		"first.example.":  sendOn(t, c, "first.example."),
+		"second.example.": sendOn(t, c, "second.example."),
+	}
+	f1, f2 := s.next(t), s.next(t)
 	if f1.msg.Id == f2.msg.Id {
 		t.Fatalf("both queries went out with ID %d", f1.msg.Id)
 	}
 	reply(t, f2)
 	reply(t, f1)
-	for name, ch := range map[string]<-chan exchangeResult{"first.example.": first, "second.example.": second} {
-		r := <-ch
+	// Both answers read before anyone waits, so that neither query can give up for lack of progress.
+	waitFor(t, waitLimit, "both answers read", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.answers == 2
+	})
+	for name, wait := range waits {
+		r := wait()
 		if r.err != nil {
 			t.Fatalf("%s: %v", name, r.err)
 		}
-		if r.m.Id != 1000 || r.m.Question[0].Name != name {
-			t.Errorf("%s: got the answer for %s with ID %d", name, r.m.Question[0].Name, r.m.Id)
+		if r.m.Question[0].Name != name {
+			t.Errorf("%s: got the answer for %s", name, r.m.Question[0].Name)
 		}
 	}
 }
@@ -217,29 +246,14 @@ func TestPipelineLeavesAHeldUpConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Both queued before either waits, so that the held one cannot retire the connection first.
-	send := func(name string) (*pipeQuery, uint16, time.Time) {
-		packed, err := aQuery(name, 0).Pack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		q := &pipeQuery{done: make(chan *dns.Msg, 1)}
-		id, ok := c.enqueue(q, packed)
-		if !ok {
-			t.Fatalf("%s: the connection took no query", name)
-		}
-		return q, id, time.Now()
-	}
-	heldQ, heldID, heldStart := send("slow.example.")
-	behindQ, behindID, behindStart := send("fast.example.")
+	waitHeld := sendOn(t, c, "slow.example.")
+	waitBehind := sendOn(t, c, "fast.example.")
 	slow := s.next(t)
 	s.next(t) // the server reads the second query, and answers nothing before slow's answer
 	held := make(chan exchangeResult, 1)
-	go func() {
-		m, err := c.wait(context.Background(), heldQ, heldID, heldStart)
-		held <- exchangeResult{m, err}
-	}()
-	if m, err := c.wait(context.Background(), behindQ, behindID, behindStart); !errors.Is(err, errPipeStalled) {
-		t.Fatalf("the query behind the held one: %v, %v; want %v", m, err, errPipeStalled)
+	go func() { held <- waitHeld() }()
+	if r := waitBehind(); !errors.Is(r.err, errPipeStalled) {
+		t.Fatalf("the query behind the held one: %v, %v; want %v", r.m, r.err, errPipeStalled)
 	}
 	// A new connection takes the next queries.
 	if n, _, err := p.conn(); err != nil || n == c {
