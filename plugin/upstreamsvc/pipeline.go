@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -51,10 +52,6 @@ type pipeline struct {
 	addr   string
 	expire time.Duration
 	dialer net.Dialer
-	// observe records an exchange in CoreDNS's proxy metrics; connect counts a query sent on an open
-	// connection (true) or a connection opened (false) as forward's connection cache hits and misses.
-	observe func(rcode string, took time.Duration)
-	connect func(reused bool)
 
 	mu         sync.Mutex
 	conns      []*pipeConn // the last one takes new queries while usable
@@ -68,16 +65,25 @@ func newPipeline(addr string, expire time.Duration) *pipeline {
 		addr:   addr,
 		expire: expire,
 		dialer: net.Dialer{Timeout: pipeDialTimeout},
-		observe: func(rc string, took time.Duration) {
-			proxyRequestDuration.WithLabelValues(proxyName, addr, rc).Observe(took.Seconds())
-		},
-		connect: func(reused bool) {
-			if reused {
-				proxyConnCacheHits.WithLabelValues(proxyName, addr, "tcp").Inc()
-			} else {
-				proxyConnCacheMisses.WithLabelValues(proxyName, addr, "tcp").Inc()
-			}
-		},
+	}
+}
+
+// observe records an answer in CoreDNS's proxy metrics, as forward records its own.
+func (p *pipeline) observe(m *dns.Msg, took time.Duration) {
+	rc, known := dns.RcodeToString[m.Rcode]
+	if !known {
+		rc = strconv.Itoa(m.Rcode)
+	}
+	proxyRequestDuration.WithLabelValues(proxyName, p.addr, rc).Observe(took.Seconds())
+}
+
+// countConn counts a query sent on an open connection (reused) or a connection opened, as forward's
+// connection cache hits and misses.
+func (p *pipeline) countConn(reused bool) {
+	if reused {
+		proxyConnCacheHits.WithLabelValues(proxyName, p.addr, "tcp").Inc()
+	} else {
+		proxyConnCacheMisses.WithLabelValues(proxyName, p.addr, "tcp").Inc()
 	}
 }
 
@@ -115,11 +121,11 @@ type pipeQuery struct {
 
 // exchange sends r and returns the answer, with r's ID.
 func (p *pipeline) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-	packed, err := r.Pack()
+	c, reused, err := p.conn()
 	if err != nil {
 		return nil, err
 	}
-	c, reused, err := p.conn()
+	packed, err := r.Pack()
 	if err != nil {
 		return nil, err
 	}
@@ -130,18 +136,14 @@ func (p *pipeline) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 		return nil, errPipeUnavailable
 	}
 	if reused {
-		p.connect(true)
+		p.countConn(true)
 	}
 	m, err := c.wait(ctx, q, id, start)
 	if err != nil {
 		return nil, err
 	}
 	m.Id = r.Id
-	rc, known := dns.RcodeToString[m.Rcode]
-	if !known {
-		rc = strconv.Itoa(m.Rcode)
-	}
-	p.observe(rc, time.Since(start))
+	p.observe(m, time.Since(start))
 	return m, nil
 }
 
@@ -193,7 +195,7 @@ func (p *pipeline) dial() (*pipeConn, error) {
 		p.dialFailed = time.Now()
 		return nil, err
 	}
-	p.connect(false)
+	p.countConn(false)
 	if p.closed {
 		nc.Close()
 		return nil, errPipeUnavailable
@@ -216,12 +218,7 @@ func (p *pipeline) dial() (*pipeConn, error) {
 func (p *pipeline) remove(c *pipeConn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i, o := range p.conns {
-		if o == c {
-			p.conns = append(p.conns[:i], p.conns[i+1:]...)
-			return
-		}
-	}
+	p.conns = slices.DeleteFunc(p.conns, func(o *pipeConn) bool { return o == c })
 }
 
 // close closes every connection; the queries waiting on them return errPipeClosed.
@@ -315,7 +312,7 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 		case <-t.C:
 		}
 		c.mu.Lock()
-		progressed := c.answers != seen
+		progressed, oldest := c.answers != seen, c.oldestLocked(q)
 		seen = c.answers
 		c.mu.Unlock()
 		switch {
@@ -323,7 +320,7 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 			c.forget(id, q, true)
 			return nil, errPipeTimeout
 		case progressed:
-		case c.oldest(q):
+		case oldest:
 			// Nothing earlier holds it up: only later queries would gain by leaving, so new ones stay off.
 			c.retire()
 		default:
@@ -334,10 +331,8 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 	}
 }
 
-// oldest reports whether q is the earliest query still waiting on c.
-func (c *pipeConn) oldest(q *pipeQuery) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// oldestLocked reports whether q is the earliest query still waiting on c.
+func (c *pipeConn) oldestLocked(q *pipeQuery) bool {
 	for _, o := range c.pending {
 		if o.seq < q.seq {
 			return false

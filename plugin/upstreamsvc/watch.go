@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -119,11 +120,8 @@ func (w *serviceWatch) subscribe(f follower) {
 func (w *serviceWatch) unsubscribe(f follower) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for i, g := range w.followers {
-		if g == f {
-			w.followers = append(w.followers[:i], w.followers[i+1:]...)
-			return
-		}
+	if i := slices.Index(w.followers, f); i >= 0 {
+		w.followers = slices.Delete(w.followers, i, i+1)
 	}
 }
 
