@@ -3,7 +3,6 @@ package nodelocal
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
@@ -23,23 +22,13 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	errs := []error{r.Teardown(ctx)}
 	if !r.cfg.NoRules {
 		r.mu.Lock()
-		err := r.ensureBackendLocked(ctx)
-		if err == nil && r.nft != nil {
-			if _, derr := r.nft.DeleteGuard(ctx); derr != nil {
-				errs = append(errs, rulesError("delete the guard's divert (table inet "+rules.NFTablesGuardTable+")", derr))
-			}
-		} else if err == nil {
-			for _, fam := range rules.Families {
-				if _, terr := r.backend.Tools(fam); terr != nil {
-					continue // no tools for the family: nothing of ours can be there
-				}
-				if derr := r.rules.Delete(ctx, rules.Guard(fam, nil)); derr != nil {
-					errs = append(errs, rulesError(fmt.Sprintf("delete the guard's %s divert", fam), derr))
-				}
+		// Teardown chose the backend, unless nothing of the cache's nor of kube-proxy's is on the node.
+		if fw := r.fw.current(); fw != nil {
+			if _, err := fw.DeleteDivert(ctx, rules.Families); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		r.mu.Unlock()
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

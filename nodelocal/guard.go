@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
@@ -37,10 +36,12 @@ type ProbeFunc func(ctx context.Context, server netip.AddrPort) error
 
 // GuardConfig is what a Guard watches and what it does when the cache fails.
 type GuardConfig struct {
-	// Interface, Backend and LockWait mean what they mean in Config, and must match the cache's.
-	Interface string
-	Backend   string
-	LockWait  time.Duration
+	// Interface, Backend, BackendWait and LockWait mean what they mean in Config, and must match the
+	// cache's.
+	Interface   string
+	Backend     string
+	BackendWait time.Duration
+	LockWait    time.Duration
 	// LockPath is the guard's own lock file, so that a node runs one guard; DefaultGuardLockPath when empty.
 	LockPath string
 
@@ -93,6 +94,9 @@ func (c GuardConfig) withDefaults() GuardConfig {
 	if c.LockWait == 0 {
 		c.LockWait = rules.DefaultLockWait
 	}
+	if c.BackendWait == 0 {
+		c.BackendWait = DefaultBackendWait
+	}
 	if c.LockPath == "" {
 		c.LockPath = DefaultGuardLockPath
 	}
@@ -135,7 +139,7 @@ func (c GuardConfig) diverts() (ds []rules.Divert, undiverted []netip.Addr, err 
 	if _, err := rules.ParseMode(c.Backend); err != nil {
 		return nil, nil, err
 	}
-	if c.Interval < 0 || c.ProbeTimeout < 0 || c.Recheck < 0 || c.FailAfter < 0 || c.RecoverAfter < 0 || c.LockWait < 0 {
+	if c.Interval < 0 || c.ProbeTimeout < 0 || c.Recheck < 0 || c.FailAfter < 0 || c.RecoverAfter < 0 || c.LockWait < 0 || c.BackendWait < 0 {
 		return nil, nil, errors.New("negative interval, timeout or count")
 	}
 	for _, s := range c.ServiceAddresses {
@@ -210,17 +214,20 @@ type Guard struct {
 	log     Logger
 	diverts []rules.Divert
 	fams    []rules.Family
-	link    *link.Manager
+	link    linkOps
 	lock    *nodelock.Lock
 	probe   ProbeFunc
+	// nodeAddrs lists the node's addresses and forgetFlows its tracked flows of the cache: netlink, or a
+	// test's fake.
+	nodeAddrs   func(ctx context.Context) ([]netip.Addr, error)
+	forgetFlows func(endpoints []netip.AddrPort) (uint, error)
 
 	state     atomic.Int32
 	failovers atomic.Uint64
 
-	mu    sync.Mutex // serialises Run and FailOpen
-	rules *rules.Manager
-	// nft drives the nftables backend; nil with an iptables one.
-	nft *rules.NFTablesManager
+	mu sync.Mutex // serialises Run and FailOpen
+	// fw chooses the rules backend once the cache's rules or kube-proxy's are on the node.
+	fw *firewallChoice
 
 	// beforeJumpRemoval, when set, runs right before the guard takes the cache's jumps out: tests use it
 	// to run a reclaim at the worst moment.
@@ -245,12 +252,12 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 	if err != nil {
 		return nil, configError("check guard configuration", err)
 	}
-	g := &Guard{cfg: cfg, log: cfg.Logger, diverts: ds, link: m, probe: cfg.Probe}
-	for _, fam := range rules.Families {
-		if slices.ContainsFunc(cfg.Addresses, func(a netip.Addr) bool { return rules.FamilyOf(a) == fam }) {
-			g.fams = append(g.fams, fam)
-		}
+	fw, err := newFirewallChoice(cfg.Backend, cfg.BackendWait, cfg.LockWait, cfg.Logger, "nodelocal guard")
+	if err != nil {
+		return nil, configError("check guard configuration", err)
 	}
+	g := &Guard{cfg: cfg, log: cfg.Logger, diverts: ds, fams: familiesOf(cfg.Addresses), link: m, probe: cfg.Probe,
+		nodeAddrs: NodeAddresses, forgetFlows: ForgetLocalFlows, fw: fw}
 	if g.probe == nil {
 		g.probe = DNSProbe(cfg.ProbeName, cfg.ProbeType, cfg.ProbeTimeout)
 	}
@@ -327,21 +334,13 @@ func sameQuestion(a, b dns.Question) bool {
 // to take the node back.
 func (g *Guard) Run(ctx context.Context) error {
 	g.mu.Lock()
-	err := g.ensureBackendLocked(ctx)
-	var present bool
-	if err == nil {
-		present, err = g.divertPresentLocked(ctx)
-	}
+	present, err := g.divertPresentLocked(ctx)
 	g.mu.Unlock()
-	if errors.Is(err, errNoBackend) {
-		return err
-	}
 	w := &guardWatch{}
-	if errors.Is(err, errBackendPending) {
-		g.log.Infof("nodelocal guard: %v; the backend is chosen once the cache's rules are there", err)
-	} else if err != nil {
+	switch {
+	case err != nil:
 		g.log.Warningf("nodelocal guard: could not look for an earlier fail-open: %v", err)
-	} else if present {
+	case present:
 		g.state.Store(int32(GuardFailedOpen))
 		g.log.Warningf("nodelocal guard: the node has failed open already; waiting for the cache to take it back")
 	}
@@ -381,15 +380,19 @@ func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {
 		w.nextCheck = now.Add(g.cfg.Recheck)
 		// A cache's repair loop may have put jumps back before it saw our marks, and a cache process (or an
 		// earlier guard's restart) the Service addresses: take them out again while the node is ours.
-		k, err := g.keepOutLocked(ctx)
+		fw, err := g.fw.get(ctx)
+		var k keptOut
+		if err == nil {
+			k, err = g.keepOutLocked(ctx, fw)
+		}
 		switch {
 		case err != nil:
 			g.log.Errorf("nodelocal guard: could not keep the cache's jumps and Service addresses out: %v", err)
 			return
 		case k.marked:
-			if k.jumps > 0 || len(k.addresses) > 0 {
-				g.log.Warningf("nodelocal guard: took out the cache's jumps (%d families) and %v again: the node stays failed open until the cache answers",
-					k.jumps, k.addresses)
+			if k.unhooked || len(k.addresses) > 0 {
+				g.log.Warningf("nodelocal guard: took out the cache's jumps (%v) and %v again: the node stays failed open until the cache answers",
+					k.unhooked, k.addresses)
 			}
 			return
 		}
@@ -476,9 +479,6 @@ func (g *Guard) probeAll(ctx context.Context) error {
 func (g *Guard) FailOpen(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.ensureBackendLocked(ctx); err != nil {
-		return err
-	}
 	if err := g.failOpenLocked(ctx); err != nil {
 		return err
 	}
@@ -492,95 +492,74 @@ func (g *Guard) FailOpen(ctx context.Context) error {
 var errTakenBack = errors.New("the cache took the node back")
 
 func (g *Guard) failOpenLocked(ctx context.Context) error {
-	var diverts, skipped []rules.Divert
-	var err error
-	if g.nft != nil {
-		// The nftables backend reads kube-proxy's endpoints for what is not local (nftablesDivertsLocked).
-		diverts, skipped, err = localDiverts(g.diverts)
-		if err != nil {
-			return linkError("list the node's addresses", err)
-		}
-	} else if diverts, skipped, err = resolveDiverts(ctx, g.rules, g.diverts); err != nil {
+	fw, err := g.fw.get(ctx)
+	if err != nil {
 		return err
-	}
-	if len(skipped) > 0 && g.nft == nil {
-		g.log.Warningf("nodelocal guard: not diverting %v: the upstream is neither an address of this node (IPVS) nor a "+
-			"ClusterIP in kube-proxy's KUBE-SERVICES chain (iptables mode); Pods that ask the kube-dns ClusterIP are served", skipped)
 	}
 	// The divert and its marks go first: they are also the word to the cache's repair loop to keep its
 	// jumps out, and the condition of their removal.
-	if g.nft != nil {
-		nftDiverts, err := g.nftablesDivertsLocked(ctx, skipped)
-		if err != nil {
-			return err
-		}
-		if err := g.nft.WriteGuard(ctx, nftDiverts); err != nil {
-			return rulesError("write the divert (table inet "+rules.NFTablesGuardTable+")", err)
-		}
+	plan, err := writeDivert(ctx, fw, g.nodeAddrs, g.fams, g.diverts)
+	if err != nil {
+		return err
 	}
-	for _, fam := range g.fams {
-		if g.nft != nil {
-			break
-		}
-		if _, err := g.rules.Sync(ctx, rules.Guard(fam, diverts)); err != nil {
-			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
-		}
+	if len(plan.Skipped) > 0 {
+		g.log.Warningf("nodelocal guard: not diverting %v: kube-proxy serves the upstream neither as an address of this node (IPVS) nor "+
+			"in its own rules (iptables and nftables modes); Pods that ask the kube-dns ClusterIP are served", plan.Skipped)
 	}
-	k, err := g.keepOutLocked(ctx)
+	k, err := g.keepOutLocked(ctx, fw)
 	if err != nil {
 		return err
 	}
 	if !k.marked {
 		return errTakenBack
 	}
-	if _, err := ForgetLocalFlows(DivertEndpoints(diverts)); err != nil {
+	if _, err := g.forgetFlows(plan.Endpoints()); err != nil {
 		g.log.Warningf("nodelocal guard: %v", err)
 	}
 	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
-		k.addresses, g.cfg.Interface, diverts)
+		k.addresses, g.cfg.Interface, plan.Diverts)
 	return nil
+}
+
+// writeDivert plans the divert of wants in the node's kube-proxy mode and writes it with the marks that say
+// the node has failed open in fams: the first step of a fail-open, by the guard or by a cache that stops
+// without a successor (Reconciler.HandOver).
+func writeDivert(ctx context.Context, fw firewall, nodeAddrs func(context.Context) ([]netip.Addr, error), fams []rules.Family, wants []rules.Divert) (divertPlan, error) {
+	local, err := nodeAddrs(ctx)
+	if err != nil {
+		return divertPlan{}, err
+	}
+	plan, err := fw.PlanDivert(ctx, fams, wants, local)
+	if err != nil {
+		return divertPlan{}, err
+	}
+	if err := fw.WriteDivert(ctx, plan); err != nil {
+		return divertPlan{}, err
+	}
+	return plan, nil
 }
 
 // keptOut is what keepOutLocked found and did.
 type keptOut struct {
 	// marked is true when the guard's marks were in place in some family: the node is failed open.
 	marked bool
-	// jumps counts the families whose jumps it took out; addresses are the Service addresses it removed.
-	jumps     int
+	// unhooked is set when it took the cache's jumps out; addresses are the Service addresses it removed.
+	unhooked  bool
 	addresses []netip.Addr
 }
 
 // keepOutLocked takes the cache's jumps and the Service addresses out, as long as the guard's marks are in
 // place. The cache takes the node back in the opposite order (marks, then addresses, then jumps), so:
-// jumps go only in a transaction that finds the marks (rules.Manager.RemoveJumpsWhileMarked), and Service
+// jumps go only in a transaction that finds the marks (firewall.UnhookCacheWhileDiverted), and Service
 // addresses removed while the marks went away are given back.
-func (g *Guard) keepOutLocked(ctx context.Context) (keptOut, error) {
+func (g *Guard) keepOutLocked(ctx context.Context, fw firewall) (keptOut, error) {
 	if g.beforeJumpRemoval != nil {
 		g.beforeJumpRemoval()
 	}
 	var k keptOut
-	if g.nft != nil {
-		marked, removed, err := g.nft.UnhookCacheWhileMarked(ctx)
-		if err != nil {
-			return k, rulesError("unhook the cache's table inet "+rules.NFTablesTable, err)
-		}
-		k.marked = marked
-		if removed {
-			k.jumps = len(g.fams)
-		}
-	}
-	for _, fam := range g.fams {
-		if g.nft != nil {
-			break
-		}
-		marked, removed, err := g.rules.RemoveJumpsWhileMarked(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}), rules.GuardChain)
-		if err != nil {
-			return k, rulesError(fmt.Sprintf("remove the cache's %s jumps", fam), err)
-		}
-		k.marked = k.marked || marked
-		if removed {
-			k.jumps++
-		}
+	var err error
+	if k.marked, k.unhooked, err = fw.UnhookCacheWhileDiverted(ctx, g.fams); err != nil {
+		return k, err
 	}
 	if !k.marked || len(g.cfg.ServiceAddresses) == 0 {
 		return k, nil
@@ -592,7 +571,7 @@ func (g *Guard) keepOutLocked(ctx context.Context) (keptOut, error) {
 	if len(removed) == 0 {
 		return k, nil
 	}
-	still, err := g.markedLocked(ctx)
+	still, err := fw.Diverted(ctx, g.fams)
 	if err == nil && !still {
 		// Taken back meanwhile: the cache put its addresses back before it removed our marks, and may have
 		// done so before we removed them.
@@ -608,176 +587,27 @@ func (g *Guard) keepOutLocked(ctx context.Context) (keptOut, error) {
 	return k, nil
 }
 
-// markedLocked reports whether the guard's marks are in place in some family.
-func (g *Guard) markedLocked(ctx context.Context) (bool, error) {
-	if g.nft != nil {
-		return g.divertPresentLocked(ctx)
-	}
-	for _, fam := range g.fams {
-		for _, t := range rules.GuardMarks {
-			ok, err := g.rules.ChainExists(ctx, fam, t, rules.GuardChain)
-			if err != nil {
-				return false, rulesError(fmt.Sprintf("look for the %s marks", fam), err)
-			}
-			if ok {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}
-
-// localDiverts keeps the diverts whose upstream is an address of this node. A DNAT ends the nat table's
-// walk for a packet, so kube-proxy's own DNAT never sees traffic the guard DNATed: the upstream ClusterIP
-// answers only where it is local (kube-ipvs0 in IPVS mode, where IPVS takes it from there). Elsewhere the
-// packets would be routed off the node, and a lookup that gets a port unreachable at once is better than one
-// that times out.
-func localDiverts(ds []rules.Divert) (kept, skipped []rules.Divert, err error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, nil, err
-	}
-	local := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			local[ip.Unmap()] = true
-		}
-	}
-	for _, d := range ds {
-		if local[d.To] {
-			kept = append(kept, d)
-		} else {
-			skipped = append(skipped, d)
-		}
-	}
-	return kept, skipped, nil
-}
-
+// cacheJumpsPresentLocked reports whether the cache's rules see traffic: only then is there anything to
+// fail open. With no backend chosen yet (no rules of the cache or of kube-proxy on the node) there is not.
 func (g *Guard) cacheJumpsPresentLocked(ctx context.Context) (bool, error) {
-	if err := g.ensureBackendLocked(ctx); err != nil {
-		if errors.Is(err, errBackendPending) {
-			return false, nil // the cache has no rules anywhere yet
-		}
+	fw, err := g.fw.get(ctx)
+	if backendPending(err) {
+		return false, nil
+	}
+	if err != nil {
 		return false, err
 	}
-	if g.nft != nil {
-		ok, err := g.nft.CacheHooked(ctx)
-		if err != nil {
-			return false, rulesError("read the cache's table inet "+rules.NFTablesTable, err)
-		}
-		return ok, nil
-	}
-	for _, fam := range g.fams {
-		has, err := g.rules.HasJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}))
-		if err != nil {
-			return false, rulesError(fmt.Sprintf("read the cache's %s jumps", fam), err)
-		}
-		if has {
-			return true, nil
-		}
-	}
-	return false, nil
+	return fw.CacheHooked(ctx, g.fams)
 }
 
+// divertPresentLocked reports whether the node has failed open.
 func (g *Guard) divertPresentLocked(ctx context.Context) (bool, error) {
-	if err := g.ensureBackendLocked(ctx); err != nil {
-		if errors.Is(err, errBackendPending) {
-			return false, nil
-		}
+	fw, err := g.fw.get(ctx)
+	if backendPending(err) {
+		return false, nil
+	}
+	if err != nil {
 		return false, err
 	}
-	if g.nft != nil {
-		ok, err := g.nft.TableExists(ctx, rules.NFTablesGuardTable)
-		if err != nil {
-			return false, rulesError("look for the divert (table inet "+rules.NFTablesGuardTable+")", err)
-		}
-		return ok, nil
-	}
-	for _, fam := range g.fams {
-		ok, err := g.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
-		if err != nil {
-			return false, rulesError(fmt.Sprintf("look for the %s divert", fam), err)
-		}
-		if ok {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// errNoBackend marks a backend that cannot be selected: the guard cannot work at all.
-var errNoBackend = errors.New("no rules backend")
-
-// errBackendPending marks an automatic selection that found neither the cache's rules nor kube-proxy's:
-// the guard looks again next time, and until then the cache has nothing to fail open.
-var errBackendPending = errors.New("no rules of the cache or of kube-proxy on the node yet")
-
-// ensureBackendLocked picks the backend. Configured, it is that one. With auto it is where the cache's
-// rules are, which is what matters to the guard: the nftables tables, then the iptables chains of the
-// backend kube-proxy's rules point to; with neither there yet, it decides later.
-func (g *Guard) ensureBackendLocked(ctx context.Context) error {
-	if g.rules != nil {
-		return nil
-	}
-	mode, err := rules.ParseMode(g.cfg.Backend)
-	if err != nil {
-		return configError("select rules backend", fmt.Errorf("%w: %w", errNoBackend, err))
-	}
-	var b *rules.Backend
-	if mode == rules.Auto {
-		b, err = g.locateCacheLocked(ctx)
-	} else {
-		b, err = rules.Select(ctx, mode)
-	}
-	if errors.Is(err, errBackendPending) {
-		return err
-	}
-	if err != nil {
-		return rulesError("select rules backend", fmt.Errorf("%w: %w", errNoBackend, err))
-	}
-	g.log.Infof("nodelocal guard: using rules backend %s (%s)", b.Mode, b.Reason)
-	g.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: g.cfg.LockWait})
-	if b.Mode == rules.NFTables {
-		g.nft = rules.NewNFTablesManager()
-	}
-	return nil
-}
-
-// locateCacheLocked finds the backend that holds the cache's rules: the cache and the guard each select
-// one, and they must agree even when they start at different times.
-func (g *Guard) locateCacheLocked(ctx context.Context) (*rules.Backend, error) {
-	nft := rules.NewNFTablesManager()
-	for _, table := range []string{rules.NFTablesTable, rules.NFTablesGuardTable} {
-		ok, err := nft.TableExists(ctx, table)
-		if err != nil && !rules.NFTablesUnsupported(err) {
-			return nil, err
-		}
-		if ok {
-			return rules.NewBackend(rules.NFTables, "the cache's table inet "+table+" is there")
-		}
-	}
-	b, err := rules.Select(ctx, rules.Auto)
-	var none *rules.NoKubeProxyRulesError
-	if !errors.As(err, &none) {
-		return b, err
-	}
-	if none.Fallback == rules.NFTables {
-		return nil, fmt.Errorf("%w (%v)", errBackendPending, none)
-	}
-	// No kube-proxy rules, but the cache may have fallen back to the iptables flavour the node suggests.
-	m := rules.NewManager(none.Backend, rules.ManagerOptions{LockWait: g.cfg.LockWait})
-	for _, fam := range g.fams {
-		if _, terr := none.Backend.Tools(fam); terr != nil {
-			continue
-		}
-		ok, err := m.ChainExists(ctx, fam, rules.Raw, rules.DefaultChain)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			none.Backend.Reason = "the cache's chains are there; " + none.Reason
-			return none.Backend, nil
-		}
-	}
-	return nil, fmt.Errorf("%w (%v)", errBackendPending, none)
+	return fw.Diverted(ctx, g.fams)
 }

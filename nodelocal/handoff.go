@@ -81,32 +81,25 @@ func (s *Successor) OwnerEndpoints(ctx context.Context) ([]netip.AddrPort, error
 	if s.cfg.NoRules {
 		return nil, nil
 	}
-	mode, err := rules.ParseMode(s.cfg.Backend)
+	choice, err := newFirewallChoice(s.cfg.Backend, s.cfg.BackendWait, s.cfg.LockWait, nil, "nodelocal successor")
 	if err != nil {
-		return nil, configError("select iptables backend", err)
+		return nil, configError("select rules backend", err)
 	}
-	b, err := rules.Select(ctx, mode)
+	fw, err := choice.get(ctx)
+	if backendPending(err) {
+		return nil, nil // no rules of the owner's, nor kube-proxy's, anywhere
+	}
 	if err != nil {
-		return nil, rulesError("select iptables backend", err)
+		return nil, err
 	}
-	if b.Mode == rules.NFTables {
-		// The nftables backend has no reader of the cache's table yet: no check.
-		return nil, nil
+	eps, err := fw.CacheEndpoints(ctx)
+	if err != nil {
+		return nil, err
 	}
-	m := rules.NewManager(b, rules.ManagerOptions{LockWait: s.cfg.LockWait})
 	var out []netip.AddrPort
-	for _, fam := range rules.Families {
-		if _, err := b.Tools(fam); err != nil {
-			continue // no tools for the family: no rules of it
-		}
-		eps, err := m.CachedEndpoints(ctx, fam, rules.NodeCacheSpec{})
-		if err != nil {
-			return nil, rulesError(fmt.Sprintf("read the owner's %s rules", fam), err)
-		}
-		for _, e := range eps {
-			if e.Protocol == rules.UDP {
-				out = append(out, netip.AddrPortFrom(e.Addr, e.Port))
-			}
+	for _, e := range eps {
+		if e.Protocol == rules.UDP {
+			out = append(out, netip.AddrPortFrom(e.Addr, e.Port))
 		}
 	}
 	return out, nil
@@ -141,7 +134,7 @@ func (r *Reconciler) AcquireAll(ctx context.Context, claims []Claim) ([]*Lease, 
 		leases = append(leases, l)
 	}
 	r.noteLeases()
-	return leases, r.syncLocked(ctx, true, true, true)
+	return leases, r.syncLocked(ctx, syncLink|syncRules|syncReclaim)
 }
 
 // SuccessorReady reports whether a successor waits in line (queued) and whether it answers on the node's
@@ -206,42 +199,28 @@ func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules
 	for i := range ds {
 		ds[i].Port = r.dnsPortLocked(ds[i].From)
 	}
-	if err := r.ensureBackendLocked(ctx); err != nil {
-		return nil, err
-	}
-	if r.nft != nil {
-		return r.handOverNFTablesLocked(ctx, ds, undiverted)
-	}
-	kept, skipped, err := resolveDiverts(ctx, r.rules, ds)
+	fw, err := r.fw.get(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range skipped {
+	plan, err := writeDivert(ctx, fw, r.nodeAddrs, familiesOf(w.addrs), ds)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range plan.Skipped {
 		undiverted = append(undiverted, d.From)
 	}
 	if len(undiverted) > 0 {
-		r.log.Warningf("nodelocal: handing over without a divert for %v: no kube-dns-upstream address of their family, or kube-proxy serves it neither on this node (IPVS) nor in KUBE-SERVICES (iptables mode)", undiverted)
+		r.log.Warningf("nodelocal: handing over without a divert for %v: no kube-dns-upstream address of their family, or kube-proxy serves it neither on this node (IPVS) nor in its own rules", undiverted)
 	}
-	fams := r.familiesLocked(w.addrs)
-	for _, fam := range fams {
-		if _, err := r.rules.Sync(ctx, rules.Guard(fam, kept)); err != nil {
-			return nil, rulesError(fmt.Sprintf("write the %s divert", fam), err)
-		}
+	if err := fw.NarrowCache(ctx, w.endpoints); err != nil {
+		return plan.Diverts, err
 	}
-	for _, fam := range fams {
-		rs := rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: w.endpoints, RepliesOnly: true})
-		if _, err := r.rules.Sync(ctx, rs); err != nil {
-			return kept, rulesError(fmt.Sprintf("narrow the %s rules to the answers", fam), err)
-		}
-	}
-	r.statusMu.Lock()
-	r.status.GuardFailedOpen = true
-	r.status.RulesPresent = false
-	r.statusMu.Unlock()
-	if _, err := ForgetLocalFlows(r.dnsEndpointsLocked()); err != nil {
+	r.setStatus(func(s *Status) { s.GuardFailedOpen, s.RulesPresent = true, false })
+	if _, err := r.forgetFlows(r.dnsEndpointsLocked()); err != nil {
 		r.log.Warningf("nodelocal: Pods that send from the same source port again may still reach the cache while it drains: %v", err)
 	}
-	return kept, nil
+	return plan.Diverts, nil
 }
 
 // CompleteHandOver ends a hand-over once the cache's sockets are idle: it takes the cache's jumps out,
@@ -256,23 +235,14 @@ func (r *Reconciler) CompleteHandOver(ctx context.Context, h Handover) ([]netip.
 	w := r.wantedLocked()
 	var errs []error
 	if !r.cfg.NoRules {
-		if err := r.ensureBackendLocked(ctx); err != nil {
+		fw, err := r.fw.get(ctx)
+		if err != nil {
 			return nil, err
 		}
-		if r.nft != nil {
-			if _, err := r.nft.UnhookCache(ctx); err != nil {
-				errs = append(errs, rulesError("unhook table inet "+rules.NFTablesTable, err))
-			}
+		if err := fw.UnhookCache(ctx, familiesOf(w.addrs)); err != nil {
+			errs = append(errs, err)
 		}
-		for _, fam := range r.familiesLocked(w.addrs) {
-			if r.nft != nil {
-				break
-			}
-			if err := r.rules.RemoveJumps(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{})); err != nil {
-				errs = append(errs, rulesError(fmt.Sprintf("remove the %s jumps", fam), err))
-			}
-		}
-		if _, err := ForgetLocalFlows(r.dnsEndpointsLocked()); err != nil {
+		if _, err := r.forgetFlows(r.dnsEndpointsLocked()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -285,69 +255,6 @@ func (r *Reconciler) CompleteHandOver(ctx context.Context, h Handover) ([]netip.
 		}
 	}
 	return removed, errors.Join(errs...)
-}
-
-// handOverNFTablesLocked is HandOver with the nftables backend: the divert goes to the endpoints
-// kube-proxy's nftables table DNATs the upstream ClusterIP to, where that is not an address of the node
-// (see Guard), and the cache's table is unhooked at once: the backend has no way to leave the cache's
-// answers untracked alone, so the flows its last answers open are forgotten once it drained
-// (CompleteHandOver).
-func (r *Reconciler) handOverNFTablesLocked(ctx context.Context, ds []rules.Divert, undiverted []netip.Addr) ([]rules.Divert, error) {
-	local, notLocal, err := localDiverts(ds)
-	if err != nil {
-		return nil, linkError("list the node's addresses", err)
-	}
-	var nds []rules.NFTDivert
-	var kept []rules.Divert
-	for _, d := range append(local, notLocal...) {
-		served := false
-		for _, proto := range []rules.Protocol{rules.UDP, rules.TCP} {
-			nd := rules.NFTDivert{From: d.From, Port: d.Port, Protocol: proto}
-			if slices.ContainsFunc(local, func(o rules.Divert) bool { return o.From == d.From }) {
-				nd.To = []netip.AddrPort{netip.AddrPortFrom(d.To, d.Port)}
-			} else if nd.To, err = r.nft.KubeProxyEndpoints(ctx, d.To, proto, d.Port); err != nil {
-				return nil, rulesError(fmt.Sprintf("read kube-proxy's endpoints of %s %s/%d", d.To, proto, d.Port), err)
-			}
-			if len(nd.To) > 0 {
-				nds = append(nds, nd)
-				served = true
-			}
-		}
-		if served {
-			kept = append(kept, d)
-		} else {
-			undiverted = append(undiverted, d.From)
-		}
-	}
-	if len(undiverted) > 0 {
-		r.log.Warningf("nodelocal: handing over without a divert for %v: no kube-dns-upstream address of their family, or kube-proxy serves it neither on this node nor in its nftables table", undiverted)
-	}
-	if err := r.nft.WriteGuard(ctx, nds); err != nil {
-		return nil, rulesError("write the divert (table inet "+rules.NFTablesGuardTable+")", err)
-	}
-	if _, err := r.nft.UnhookCache(ctx); err != nil {
-		return kept, rulesError("unhook table inet "+rules.NFTablesTable, err)
-	}
-	r.statusMu.Lock()
-	r.status.GuardFailedOpen = true
-	r.status.RulesPresent = false
-	r.statusMu.Unlock()
-	return kept, nil
-}
-
-// familiesLocked returns the families of addrs in which this Reconciler has the tools.
-func (r *Reconciler) familiesLocked(addrs []netip.Addr) []rules.Family {
-	var fams []rules.Family
-	for _, a := range addrs {
-		fam := rules.FamilyOf(a)
-		if slices.Contains(fams, fam) {
-			continue
-		}
-		if _, err := r.backend.Tools(fam); err == nil {
-			fams = append(fams, fam)
-		}
-	}
-	return fams
 }
 
 // dnsEndpointsLocked returns every claimed address with its DNS port.

@@ -2,10 +2,7 @@ package nodelocal
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -34,81 +31,44 @@ type ProbeExemption struct {
 	mu      sync.Mutex
 	users   int
 	backend string
-	rules   *rules.Manager
-	// installed holds the families where the rule was put in place; uncertain those where putting it in
-	// place failed, yet may have taken effect: an iptables-restore killed because its context ended can
-	// have committed just before. Removal looks in both; Acquire still adds where the rule is uncertain.
-	installed map[rules.Family]bool
-	uncertain map[rules.Family]bool
-	// nft is set with the nftables backend; nftAddrs are the addresses its table exempts answers from,
-	// nil while there is no table.
-	nft      *rules.NFTablesManager
-	nftAddrs []netip.Addr
+	fw      *firewallChoice
+	// active is set while the exemption is, or may be, in place: an add that failed may have taken effect
+	// (an iptables-restore killed because its context ended can have committed just before), so removal
+	// looks wherever an add was tried.
+	active bool
 }
 
 // NewProbeExemption returns a ProbeExemption whose iptables commands wait up to lockWait for the xtables
 // lock (rules.DefaultLockWait when zero). It changes nothing yet.
 func NewProbeExemption(lockWait time.Duration) *ProbeExemption {
-	return &ProbeExemption{lockWait: lockWait, installed: map[rules.Family]bool{}, uncertain: map[rules.Family]bool{}}
+	return &ProbeExemption{lockWait: lockWait}
 }
 
 // Acquire puts the rule in place for the families of addrs, with the rules backend backend ("auto",
-// "legacy", "nft" or "nftables", as in Config; with auto on a node without kube-proxy rules, the fallback,
-// since nothing DNATs the probes there anyway). Every Acquire, failed or not, must be followed by one
-// Release. Errors are of KindIPTables or KindIPTablesLock.
+// "legacy", "nft" or "nftables", as in Config, chosen as the Reconciler chooses it). On a node without
+// kube-proxy rules, where the choice still waits for them, it adds nothing: nothing DNATs the probes
+// there. Every Acquire, failed or not, must be followed by one Release. Errors are of KindIPTables or
+// KindIPTablesLock.
 func (p *ProbeExemption) Acquire(ctx context.Context, backend string, addrs []netip.Addr) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.users++
-	if p.rules == nil || (p.backend != backend && len(p.installed) == 0 && len(p.uncertain) == 0 && p.nftAddrs == nil) {
-		mode, err := rules.ParseMode(backend)
+	if p.fw == nil || (p.backend != backend && !p.active) {
+		fw, err := newFirewallChoice(backend, DefaultBackendWait, p.lockWait, nil, "nodelocal probe exemption")
 		if err != nil {
 			return configError("select rules backend for the probe exemption", err)
 		}
-		b, err := rules.Select(ctx, mode)
-		if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
-			b, err = none.Backend, nil
-		}
-		if err != nil {
-			return rulesError("select rules backend for the probe exemption", err)
-		}
-		p.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: p.lockWait})
-		p.backend = backend
-		p.nft = nil
-		if b.Mode == rules.NFTables {
-			p.nft = rules.NewNFTablesManager()
-		}
+		p.fw, p.backend = fw, backend
 	}
-	if p.nft != nil {
-		all := append(slices.Clone(p.nftAddrs), addrs...)
-		for i := range all {
-			all[i] = all[i].Unmap()
-		}
-		slices.SortFunc(all, netip.Addr.Compare)
-		all = slices.Compact(all)
-		if p.nftAddrs != nil && slices.Equal(all, p.nftAddrs) {
-			return nil
-		}
-		if err := p.nft.AddProbeExemption(ctx, ProbeMark, all); err != nil {
-			return rulesError("add the probe exemption (table inet "+rules.NFTablesProbeTable+")", err)
-		}
-		p.nftAddrs = all
+	fw, err := p.fw.get(ctx)
+	if backendPending(err) {
 		return nil
 	}
-	var errs []error
-	for _, fam := range familiesOf(addrs) {
-		if p.installed[fam] {
-			continue
-		}
-		if err := p.rules.AddProbeExemption(ctx, fam, ProbeMark); err != nil {
-			errs = append(errs, rulesError(fmt.Sprintf("add the %s probe exemption", fam), err))
-			p.uncertain[fam] = true
-			continue
-		}
-		p.installed[fam] = true
-		delete(p.uncertain, fam)
+	if err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	p.active = true
+	return fw.AddProbeExemption(ctx, ProbeMark, addrs)
 }
 
 // Release ends a use; the last one removes the rule, within timeout. A failure is returned, and the next
@@ -129,7 +89,7 @@ func (p *ProbeExemption) Release(timeout time.Duration) error {
 func (p *ProbeExemption) Active() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.installed) > 0 || len(p.uncertain) > 0 || p.nftAddrs != nil
+	return p.active
 }
 
 // RemoveAll removes the rule whoever uses it: the process is shutting down.
@@ -140,36 +100,14 @@ func (p *ProbeExemption) RemoveAll(ctx context.Context) error {
 }
 
 func (p *ProbeExemption) removeLocked(ctx context.Context) error {
-	var errs []error
-	if p.nftAddrs != nil {
-		if _, err := p.nft.RemoveProbeExemption(ctx); err != nil {
-			errs = append(errs, rulesError("remove the probe exemption (table inet "+rules.NFTablesProbeTable+")", err))
-		} else {
-			p.nftAddrs = nil
-		}
+	if !p.active {
+		return nil
 	}
-	for _, fam := range []rules.Family{rules.IPv4, rules.IPv6} {
-		if !p.installed[fam] && !p.uncertain[fam] {
-			continue
-		}
-		// Removing a rule that is not there is not an error.
-		if err := p.rules.RemoveProbeExemption(ctx, fam, ProbeMark); err != nil {
-			errs = append(errs, rulesError(fmt.Sprintf("remove the %s probe exemption", fam), err))
-			continue
-		}
-		delete(p.installed, fam)
-		delete(p.uncertain, fam)
+	if err := p.fw.current().RemoveProbeExemption(ctx, ProbeMark); err != nil {
+		return err
 	}
-	return errors.Join(errs...)
-}
-
-func familiesOf(addrs []netip.Addr) []rules.Family {
-	fams := make([]rules.Family, 0, len(addrs))
-	for _, a := range addrs {
-		fams = append(fams, rules.FamilyOf(a))
-	}
-	slices.Sort(fams)
-	return slices.Compact(fams)
+	p.active = false
+	return nil
 }
 
 // ValidInterfaceName checks a link name the way the kernel does.

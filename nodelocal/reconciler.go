@@ -20,28 +20,20 @@ type Reconciler struct {
 	cfg  Config
 	log  Logger
 	lock *nodelock.Lock
-	link *link.Manager // nil with NoInterface
+	link linkOps // nil with NoInterface
 
-	mu      sync.Mutex // serialises syncs; guards the fields below
-	closed  bool
-	leases  map[*Lease]struct{}
-	backend *rules.Backend
-	rules   *rules.Manager
-	// nft drives the nftables backend; nil with an iptables one.
-	nft *rules.NFTablesManager
-	// nftWritten holds the endpoints of the cache's nftables table as last synced, nil before.
-	nftWritten []rules.Endpoint
-	// backendWaitSince is when the first backend selection found no kube-proxy rules on the node.
-	backendWaitSince time.Time
-	// applied holds the families whose rules this Reconciler has written (or may have: a failed write).
-	applied map[rules.Family]bool
-	// lastRules holds the ruleset of each family as last synced, to tell repairs from changes.
-	lastRules map[rules.Family]rules.Ruleset
-	// leftoversChecked is set once the first rules sync looked for rules of families nobody claims.
-	leftoversChecked bool
-	fallbackLogged   bool
-	foreignLogged    string
-	guardLogged      bool
+	mu     sync.Mutex // serialises syncs; guards the fields below
+	closed bool
+	leases map[*Lease]struct{}
+	// fw chooses the rules backend on the first rules sync and keeps it.
+	fw *firewallChoice
+	// nodeAddrs lists the node's addresses and forgetFlows its tracked flows of the cache: netlink, or a
+	// test's fake.
+	nodeAddrs      func(ctx context.Context) ([]netip.Addr, error)
+	forgetFlows    func(endpoints []netip.AddrPort) (uint, error)
+	fallbackLogged bool
+	foreignLogged  string
+	guardLogged    bool
 
 	statusMu sync.Mutex
 	status   Status
@@ -101,12 +93,17 @@ func New(cfg Config) (*Reconciler, error) {
 
 // newReconciler returns a Reconciler for cfg (with defaults, checked) that owns the node through lock.
 func newReconciler(cfg Config, lock *nodelock.Lock) (*Reconciler, error) {
+	fw, err := newFirewallChoice(cfg.Backend, cfg.BackendWait, cfg.LockWait, cfg.Logger, "nodelocal")
+	if err != nil {
+		return nil, configError("check configuration", err)
+	}
 	r := &Reconciler{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		leases:    map[*Lease]struct{}{},
-		applied:   map[rules.Family]bool{},
-		lastRules: map[rules.Family]rules.Ruleset{},
+		cfg:         cfg,
+		log:         cfg.Logger,
+		leases:      map[*Lease]struct{}{},
+		fw:          fw,
+		nodeAddrs:   NodeAddresses,
+		forgetFlows: ForgetLocalFlows,
 	}
 	if !cfg.NoInterface {
 		m, err := link.New(link.Options{Name: cfg.Interface, Add: cfg.AddLink})
@@ -119,10 +116,6 @@ func newReconciler(cfg Config, lock *nodelock.Lock) (*Reconciler, error) {
 	r.status.Interface = cfg.Interface
 	return r, nil
 }
-
-// Config returns the configuration in effect, defaults filled in. A shared Reconciler cannot change it;
-// a caller whose configuration differs should say so rather than share.
-func (r *Reconciler) Config() Config { return r.cfg }
 
 // Lease is one holder's claim on a Reconciler. The Reconciler tears everything down when the last lease is
 // released.
@@ -149,10 +142,10 @@ func (r *Reconciler) Acquire(ctx context.Context, c Claim) (*Lease, error) {
 	l := &Lease{r: r, claim: c, rules: !c.DeferRules}
 	r.leases[l] = struct{}{}
 	r.noteLeases()
-	err = r.syncLocked(ctx, true, false, false)
+	err = r.syncLocked(ctx, syncLink)
 	if err == nil && l.rules {
 		// Rules at once: the caller says its server answers, so it takes the node back from the guard.
-		err = r.syncLocked(ctx, false, true, true)
+		err = r.syncLocked(ctx, syncRules|syncReclaim)
 	}
 	if err != nil {
 		delete(r.leases, l)
@@ -162,7 +155,7 @@ func (r *Reconciler) Acquire(ctx context.Context, c Claim) (*Lease, error) {
 		if len(r.leases) == 0 {
 			undo = r.teardownLocked(ctx)
 		} else {
-			undo = r.syncLocked(ctx, true, true, false)
+			undo = r.syncLocked(ctx, syncLink|syncRules)
 		}
 		err = errors.Join(err, undo)
 		r.noteAttempt(err)
@@ -200,7 +193,11 @@ func (l *Lease) setRules(ctx context.Context, on bool) error {
 	}
 	l.rules = on
 	// EnableRules is the caller's word that its server answers: it takes the node back from the guard.
-	return r.syncLocked(ctx, false, true, on)
+	scope := syncRules
+	if on {
+		scope |= syncReclaim
+	}
+	return r.syncLocked(ctx, scope)
 }
 
 // Update replaces the lease's claim (DeferRules aside: whether its rules are enabled does not change) and
@@ -221,7 +218,7 @@ func (l *Lease) Update(ctx context.Context, c Claim) error {
 	}
 	c.DeferRules = l.claim.DeferRules
 	l.claim = c
-	return r.syncLocked(ctx, true, true, false)
+	return r.syncLocked(ctx, syncLink|syncRules)
 }
 
 // Release gives the lease up. The last release tears the link and rules down (see Teardown); earlier ones
@@ -242,26 +239,20 @@ func (l *Lease) Release(ctx context.Context) error {
 	if len(r.leases) == 0 {
 		return r.teardownLocked(ctx)
 	}
-	return r.syncLocked(ctx, true, true, false)
+	return r.syncLocked(ctx, syncLink|syncRules)
 }
 
 // Ensure puts the link, its addresses and the rules in place as the leases claim them, repairing whatever
 // was changed behind our back. With no lease it does nothing.
-func (r *Reconciler) Ensure(ctx context.Context) error { return r.sync(ctx, true, true, false) }
+func (r *Reconciler) Ensure(ctx context.Context) error { return r.sync(ctx, syncLink|syncRules) }
 
-// EnsureLink is Ensure for the link and its addresses only.
-func (r *Reconciler) EnsureLink(ctx context.Context) error { return r.sync(ctx, true, false, false) }
-
-// EnsureRules is Ensure for the rules only.
-func (r *Reconciler) EnsureRules(ctx context.Context) error { return r.sync(ctx, false, true, false) }
-
-func (r *Reconciler) sync(ctx context.Context, doLink, doRules, reclaim bool) error {
+func (r *Reconciler) sync(ctx context.Context, scope syncScope) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
-	return r.syncLocked(ctx, doLink, doRules, reclaim)
+	return r.syncLocked(ctx, scope)
 }
 
 // Reclaim is Ensure for a cache that knows it answers: if the fail-open guard has diverted the node's DNS
@@ -270,7 +261,9 @@ func (r *Reconciler) sync(ctx context.Context, doLink, doRules, reclaim bool) er
 // guard removed) while the guard's divert is there, so that a cache whose repair loop runs but whose server
 // does not answer cannot undo the guard's work; EnableRules, and Acquire with rules at once, reclaim as
 // this does.
-func (r *Reconciler) Reclaim(ctx context.Context) error { return r.sync(ctx, true, true, true) }
+func (r *Reconciler) Reclaim(ctx context.Context) error {
+	return r.sync(ctx, syncLink|syncRules|syncReclaim)
+}
 
 // Teardown removes the jumps, then our chains (both families), then the addresses we added or, if we
 // created it, the link, and releases every lease. It honours ctx, so a deadline bounds it. Tearing down
@@ -381,20 +374,34 @@ func (r *Reconciler) wantedLocked() wanted {
 	return w
 }
 
-// syncLocked puts the link and the rules in place as the leases claim them. With reclaim it also takes the
-// node back from the fail-open guard: first the guard's divert and marks go, then the addresses come back,
-// then the jumps, the order keepOutLocked in guard.go relies on. Without reclaim, while the guard's divert
+// syncScope says what a sync puts in place.
+type syncScope uint8
+
+const (
+	// syncLink puts the link and its addresses in place.
+	syncLink syncScope = 1 << iota
+	// syncRules puts the rules in place.
+	syncRules
+	// syncReclaim takes the node back from the fail-open guard (or from a hand-over) first; it implies
+	// syncLink, since the guard took addresses away.
+	syncReclaim
+)
+
+// syncLocked puts the link and the rules in place as the leases claim them. With syncReclaim it also
+// takes the node back from the fail-open guard: first the guard's divert and marks go, then the addresses
+// come back, then the jumps, the order Guard.keepOutLocked relies on. Without it, while the guard's divert
 // is there, it keeps the jumps out and does not put back addresses the link lost (the guard took the
 // kube-dns ClusterIP out so that kube-proxy serves it).
-func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bool) error {
+func (r *Reconciler) syncLocked(ctx context.Context, scope syncScope) error {
 	if len(r.leases) == 0 {
 		return nil
 	}
 	w := r.wantedLocked()
 	var errs []error
+	reclaim := scope&syncReclaim != 0
 	// Taking the node back puts back the addresses the guard removed, whoever calls (EnableRules too).
-	doLink = doLink || reclaim
-	doRules = doRules && !r.cfg.NoRules
+	doLink := scope&syncLink != 0 || reclaim
+	doRules := scope&syncRules != 0 && !r.cfg.NoRules
 	failedOpen := false
 	if doRules && len(w.endpoints) > 0 {
 		var err error
@@ -413,7 +420,9 @@ func (r *Reconciler) syncLocked(ctx context.Context, doLink, doRules, reclaim bo
 		}
 	}
 	if doRules && !failedOpen {
-		errs = append(errs, r.syncRulesLocked(ctx, w.endpoints)...)
+		if err := r.syncRulesLocked(ctx, w.endpoints); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	err := errors.Join(errs...)
 	r.noteAttempt(err)
@@ -439,44 +448,33 @@ func (r *Reconciler) heldLocked(ctx context.Context, addrs []netip.Addr) []netip
 // guardLocked looks for the fail-open guard's divert in the families of endpoints. Found, with reclaim
 // it removes it; without, it reports the node failed open, so that the jumps stay out.
 func (r *Reconciler) guardLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) (failedOpen bool, err error) {
-	if err := r.ensureBackendLocked(ctx); err != nil {
+	fw, err := r.fw.get(ctx)
+	if err != nil {
 		return false, err
 	}
-	divert, err := r.guardDivertsLocked(ctx, endpoints)
+	fams := familiesOfEndpoints(endpoints)
+	diverted, err := fw.Diverted(ctx, fams)
 	if err != nil {
 		return false, err
 	}
 	switch {
-	case len(divert) > 0 && !reclaim:
+	case diverted && !reclaim:
 		if !r.guardLogged {
-			r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%s %v); the jumps stay out until the cache answers and reclaims the node", rules.GuardChain, divert)
+			r.log.Warningf("nodelocal: the fail-open guard has diverted DNS (%v); the jumps stay out until the cache answers and reclaims the node", fams)
 			r.guardLogged = true
 		}
-		r.statusMu.Lock()
-		r.status.GuardFailedOpen = true
-		r.status.RulesPresent = false
-		r.statusMu.Unlock()
+		r.setStatus(func(s *Status) { s.GuardFailedOpen, s.RulesPresent = true, false })
 		return true, nil
-	case len(divert) > 0:
+	case diverted:
 		// The divert goes first: until the jumps are back, the cache gets the link-local traffic
 		// through conntrack and kube-proxy still serves the ClusterIP, so nothing is lost in between.
-		for _, fam := range divert {
-			if r.nft != nil {
-				if _, err := r.nft.DeleteGuard(ctx); err != nil {
-					return false, rulesError("remove the guard's divert (table inet "+rules.NFTablesGuardTable+")", err)
-				}
-				break
-			}
-			if err := r.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
-				return false, rulesError(fmt.Sprintf("remove the guard's %s divert", fam), err)
-			}
+		if _, err := fw.DeleteDivert(ctx, fams); err != nil {
+			return false, err
 		}
-		r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", divert)
+		r.log.Infof("nodelocal: the cache answers; removed the fail-open guard's divert (%v) and reclaimed the node", fams)
 	}
 	r.guardLogged = false
-	r.statusMu.Lock()
-	r.status.GuardFailedOpen = false
-	r.statusMu.Unlock()
+	r.setStatus(func(s *Status) { s.GuardFailedOpen = false })
 	return false, nil
 }
 
@@ -506,141 +504,26 @@ func (r *Reconciler) syncLinkLocked(ctx context.Context, addrs []netip.Addr) err
 		r.log.Warningf("nodelocal: %s also holds %s, which we did not add; leaving them", name, foreign)
 		r.foreignLogged = foreign
 	}
-	r.statusMu.Lock()
-	r.status.LinkKind, r.status.LinkOwned = res.Kind, res.Owned
-	r.status.Addresses, r.status.ForeignAddresses = res.Present, res.Foreign
-	r.statusMu.Unlock()
+	r.setStatus(func(s *Status) {
+		s.LinkKind, s.LinkOwned = res.Kind, res.Owned
+		s.Addresses, s.ForeignAddresses = res.Present, res.Foreign
+	})
 	return nil
 }
 
-func (r *Reconciler) ensureBackendLocked(ctx context.Context) error {
-	if r.rules != nil {
-		return nil
-	}
-	mode, err := rules.ParseMode(r.cfg.Backend)
+// syncRulesLocked makes the node hold the cache's rules for endpoints; with none it deletes them.
+func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint) error {
+	fw, err := r.fw.get(ctx)
 	if err != nil {
-		return configError("select rules backend", err)
+		return err
 	}
-	b, err := rules.Select(ctx, mode)
-	if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
-		b, err = r.noKubeProxyRulesLocked(none)
-	}
-	if err != nil {
-		return rulesError("select rules backend", err)
-	}
-	r.log.Infof("nodelocal: using rules backend %s (%s)", b.Mode, b.Reason)
-	r.backend = b
-	r.rules = rules.NewManager(b, rules.ManagerOptions{LockWait: r.cfg.LockWait})
-	if b.Mode == rules.NFTables {
-		r.nft = rules.NewNFTablesManager()
-	}
-	r.statusMu.Lock()
-	r.status.Backend, r.status.BackendReason = string(b.Mode), b.Reason
-	r.statusMu.Unlock()
-	return nil
-}
-
-// noKubeProxyRulesLocked decides what to do on a node that has no kube-proxy rules yet: wait up to
-// Config.BackendWait from the first time (kube-proxy is likely starting beside us, and its rules tell
-// where ours belong), then fall back to what the node's other rules suggest, and say so.
-func (r *Reconciler) noKubeProxyRulesLocked(none *rules.NoKubeProxyRulesError) (*rules.Backend, error) {
-	now := time.Now()
-	if r.backendWaitSince.IsZero() {
-		r.backendWaitSince = now
-		r.log.Warningf("nodelocal: %v; waiting up to %v for kube-proxy's rules before falling back", none, r.cfg.BackendWait)
-	}
-	if waited := now.Sub(r.backendWaitSince); waited < r.cfg.BackendWait {
-		return nil, fmt.Errorf("%w; waited %v of %v", none, waited.Round(time.Second), r.cfg.BackendWait)
-	}
-	r.log.Warningf("nodelocal: still no kube-proxy rules after %v: falling back to %s (%s); set the backend explicitly if kube-proxy uses another",
-		r.cfg.BackendWait, none.Fallback, none.Reason)
-	none.Backend.Reason = "no kube-proxy rules after " + r.cfg.BackendWait.String() + ": fallback, " + none.Reason
-	return none.Backend, nil
-}
-
-func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endpoint) []error {
-	if err := r.ensureBackendLocked(ctx); err != nil {
-		return []error{err}
-	}
-	if r.nft != nil {
-		return r.syncNFTablesLocked(ctx, endpoints)
-	}
-	byFamily := map[rules.Family][]rules.Endpoint{}
-	for _, e := range endpoints {
-		fam := rules.FamilyOf(e.Addr)
-		byFamily[fam] = append(byFamily[fam], e)
-	}
-	var (
-		errs    []error
-		count   int
-		covered []netip.Addr
-	)
-	for _, fam := range rules.Families {
-		eps := byFamily[fam]
-		rs := rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: eps})
-		if len(eps) == 0 {
-			if err := r.removeFamilyLocked(ctx, rs, !r.leftoversChecked); err != nil {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		if _, err := r.backend.Tools(fam); err == nil {
-			r.applied[fam] = true
-		}
-		res, err := r.rules.Sync(ctx, rs)
-		if err != nil {
-			errs = append(errs, rulesError(fmt.Sprintf("sync %s rules", fam), err))
-			continue
-		}
-		if res.Changed {
-			if last, ok := r.lastRules[fam]; ok && sameRuleset(last, rs) {
-				r.log.Warningf("nodelocal: repaired %s rules: rewrote chains %v, jumps %v", fam, res.RewrittenChains, res.RepairedJumps)
-			} else {
-				r.log.Infof("nodelocal: wrote %s rules for %d endpoints", fam, len(eps))
-			}
-		}
-		r.lastRules[fam] = rs
-		count += res.Rules
-		for _, e := range eps {
-			covered = append(covered, e.Addr)
-		}
-	}
-	r.leftoversChecked = true
-	slices.SortFunc(covered, netip.Addr.Compare)
-	r.statusMu.Lock()
-	r.status.RulesPresent = len(errs) == 0 && len(endpoints) > 0
-	r.status.Rules = count
-	r.status.RuleAddresses = slices.Compact(covered)
-	r.statusMu.Unlock()
-	return errs
-}
-
-// removeFamilyLocked deletes the rules of a family nobody claims. For a family this Reconciler never wrote
-// (leftovers of an earlier run, looked for once) a failure is only logged: no command for that family may
-// ever have worked on this node.
-func (r *Reconciler) removeFamilyLocked(ctx context.Context, layout rules.Ruleset, lookForLeftovers bool) error {
-	fam := layout.Family
-	if !r.applied[fam] {
-		if !lookForLeftovers {
-			return nil
-		}
-		if _, err := r.backend.Tools(fam); err != nil {
-			return nil // no tools for the family: nothing of ours can be there
-		}
-	}
-	if err := r.rules.Delete(ctx, layout); err != nil {
-		if r.applied[fam] {
-			return rulesError(fmt.Sprintf("delete %s rules", fam), err)
-		}
-		r.log.Warningf("nodelocal: could not look for leftover %s rules: %v", fam, err)
-		return nil
-	}
-	if r.applied[fam] {
-		r.log.Infof("nodelocal: deleted %s rules", fam)
-	}
-	r.applied[fam] = false
-	delete(r.lastRules, fam)
-	return nil
+	r.setStatus(func(s *Status) { s.Backend, s.BackendReason = string(fw.Mode()), fw.Reason() })
+	res, err := fw.SyncCache(ctx, endpoints)
+	r.setStatus(func(s *Status) {
+		s.RulesPresent = err == nil && len(endpoints) > 0
+		s.Rules, s.RuleAddresses = res.Rules, res.Covered
+	})
+	return err
 }
 
 func (r *Reconciler) teardownLocked(ctx context.Context) error {
@@ -651,21 +534,11 @@ func (r *Reconciler) teardownLocked(ctx context.Context) error {
 	r.noteLeases()
 	var errs []error
 	if !r.cfg.NoRules {
-		if err := r.ensureBackendLocked(ctx); err != nil {
-			if !r.backendWaitSince.IsZero() && r.rules == nil {
-				// Still waiting for kube-proxy's rules: this Reconciler has written none of its own.
-				r.log.Infof("nodelocal: teardown: no rules backend chosen yet, so no rules of ours to remove")
-			} else {
-				errs = append(errs, err)
-			}
-		} else if r.nft != nil {
-			errs = append(errs, r.syncNFTablesLocked(ctx, nil)...)
-		} else {
-			for _, fam := range rules.Families {
-				if err := r.removeFamilyLocked(ctx, rules.NodeCache(fam, rules.NodeCacheSpec{}), true); err != nil {
-					errs = append(errs, err)
-				}
-			}
+		if err := r.syncRulesLocked(ctx, nil); backendPending(err) {
+			// Still waiting for kube-proxy's rules: this Reconciler has written none of its own.
+			r.log.Infof("nodelocal: teardown: no rules backend chosen yet, so no rules of ours to remove")
+		} else if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if r.link != nil {
@@ -674,70 +547,35 @@ func (r *Reconciler) teardownLocked(ctx context.Context) error {
 		}
 	}
 	err := errors.Join(errs...)
-	r.statusMu.Lock()
 	if err == nil {
-		r.status.LinkKind, r.status.LinkOwned = "", false
-		r.status.Addresses, r.status.ForeignAddresses = nil, nil
-		r.status.RulesPresent, r.status.Rules, r.status.RuleAddresses = false, 0, nil
+		r.setStatus(func(s *Status) {
+			s.LinkKind, s.LinkOwned = "", false
+			s.Addresses, s.ForeignAddresses = nil, nil
+			s.RulesPresent, s.Rules, s.RuleAddresses = false, 0, nil
+		})
 	}
-	r.statusMu.Unlock()
 	r.noteAttempt(err)
 	return err
 }
 
-// guardDivertsLocked returns the families of endpoints in which the fail-open guard's chain exists. The
-// guard writes it in the families of the cache's addresses, so others are not looked at (a node may lack
-// the IPv6 nat table).
-func (r *Reconciler) guardDivertsLocked(ctx context.Context, endpoints []rules.Endpoint) ([]rules.Family, error) {
-	var fams []rules.Family
-	for _, fam := range rules.Families {
-		if !slices.ContainsFunc(endpoints, func(e rules.Endpoint) bool { return rules.FamilyOf(e.Addr) == fam }) {
-			continue
-		}
-		if r.nft != nil {
-			ok, err := r.nft.TableExists(ctx, rules.NFTablesGuardTable)
-			if err != nil {
-				return nil, rulesError("look for the guard's divert (table inet "+rules.NFTablesGuardTable+")", err)
-			}
-			if ok {
-				fams = append(fams, fam)
-			}
-			continue
-		}
-		if _, err := r.backend.Tools(fam); err != nil {
-			continue // no tools for the family: no guard chain can be there
-		}
-		ok, err := r.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
-		if err != nil {
-			return nil, rulesError(fmt.Sprintf("look for the guard's %s divert", fam), err)
-		}
-		if ok {
-			fams = append(fams, fam)
-		}
-	}
-	return fams, nil
+// setStatus changes the status under its lock: the one place that writes Status.
+func (r *Reconciler) setStatus(change func(*Status)) {
+	r.statusMu.Lock()
+	defer r.statusMu.Unlock()
+	change(&r.status)
 }
 
 func (r *Reconciler) noteLeases() {
-	r.statusMu.Lock()
-	r.status.Leases = len(r.leases)
-	r.statusMu.Unlock()
+	n := len(r.leases)
+	r.setStatus(func(s *Status) { s.Leases = n })
 }
 
 func (r *Reconciler) noteAttempt(err error) {
 	now := time.Now()
-	r.statusMu.Lock()
-	defer r.statusMu.Unlock()
-	r.status.LastAttempt = now
-	r.status.LastError = err
-	if err == nil {
-		r.status.LastSync = now
-	}
-}
-
-func sameRuleset(a, b rules.Ruleset) bool {
-	return a.Family == b.Family && slices.EqualFunc(a.Chains, b.Chains, func(x, y rules.Chain) bool {
-		return x.Table == y.Table && x.Name == y.Name && slices.Equal(x.Hooks, y.Hooks) && x.JumpComment == y.JumpComment &&
-			slices.EqualFunc(x.Rules, y.Rules, func(p, q rules.Rule) bool { return slices.Equal(p, q) })
+	r.setStatus(func(s *Status) {
+		s.LastAttempt, s.LastError = now, err
+		if err == nil {
+			s.LastSync = now
+		}
 	})
 }

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
@@ -122,19 +120,15 @@ func servesWhatTheOwnerServes(q *nodelocal.Successor, keys []claimKey) error {
 // addressesOnNode checks that every claimed address is an address of the node already: a successor
 // changes nothing before it owns the node, and its listeners need them.
 func addressesOnNode(keys []claimKey) error {
-	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	ctx, cancel := context.WithTimeout(context.Background(), acquireTimeout)
+	defer cancel()
+	have, err := nodelocal.NodeAddresses(ctx)
 	if err != nil {
-		return &nodelocal.Error{Kind: nodelocal.KindInterfaceCheck, Op: "list the node's addresses", Err: err}
-	}
-	have := map[netip.Addr]bool{}
-	for _, a := range list {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			have[ip.Unmap()] = true
-		}
+		return err
 	}
 	var missing []string
 	for _, k := range keys {
-		if !have[k.addr] {
+		if !slices.Contains(have, k.addr) {
 			missing = append(missing, k.addr.String())
 		}
 	}

@@ -1,0 +1,315 @@
+package nodelocal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+)
+
+// iptablesFirewall is the firewall of an iptables flavour (legacy or nft): chains of our own in the raw and
+// filter tables of iptables and ip6tables for the cache (rules.NodeCache), a nat chain and marker chains for
+// the divert (rules.Guard), a rule in raw OUTPUT for the probes. Its commands run with rules.Manager.
+type iptablesFirewall struct {
+	backend *rules.Backend
+	rules   *rules.Manager
+	log     Logger
+
+	// applied holds the families whose cache rules this firewall has written (or may have: a failed write).
+	applied map[rules.Family]bool
+	// lastRules holds the cache's ruleset of each family as last synced, to tell repairs from changes.
+	lastRules map[rules.Family]rules.Ruleset
+	// leftoversChecked is set once the first sync looked for cache rules of families nobody claims.
+	leftoversChecked bool
+	// probed holds the families where the probe exemption is, or may be, in place: an iptables-restore
+	// killed because its context ended can have committed just before. Removal looks in all of them; an
+	// add that failed is tried again.
+	probed map[rules.Family]bool
+	// probeInstalled holds the families where it is known to be in place.
+	probeInstalled map[rules.Family]bool
+}
+
+func newIPTablesFirewall(b *rules.Backend, lockWait time.Duration, log Logger) *iptablesFirewall {
+	return &iptablesFirewall{
+		backend:        b,
+		rules:          rules.NewManager(b, rules.ManagerOptions{LockWait: lockWait}),
+		log:            log,
+		applied:        map[rules.Family]bool{},
+		lastRules:      map[rules.Family]rules.Ruleset{},
+		probed:         map[rules.Family]bool{},
+		probeInstalled: map[rules.Family]bool{},
+	}
+}
+
+func (f *iptablesFirewall) Mode() rules.Mode { return f.backend.Mode }
+func (f *iptablesFirewall) Reason() string   { return f.backend.Reason }
+
+// Families keeps the families whose commands are installed.
+func (f *iptablesFirewall) Families(fams []rules.Family) []rules.Family {
+	var out []rules.Family
+	for _, fam := range fams {
+		if _, err := f.backend.Tools(fam); err == nil && !slices.Contains(out, fam) {
+			out = append(out, fam)
+		}
+	}
+	return out
+}
+
+func cacheRuleset(fam rules.Family, eps []rules.Endpoint, repliesOnly bool) rules.Ruleset {
+	return rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: eps, RepliesOnly: repliesOnly})
+}
+
+func (f *iptablesFirewall) SyncCache(ctx context.Context, endpoints []rules.Endpoint) (cacheSync, error) {
+	byFamily := map[rules.Family][]rules.Endpoint{}
+	for _, e := range endpoints {
+		fam := rules.FamilyOf(e.Addr)
+		byFamily[fam] = append(byFamily[fam], e)
+	}
+	var (
+		errs []error
+		res  cacheSync
+	)
+	for _, fam := range rules.Families {
+		eps := byFamily[fam]
+		if len(eps) == 0 {
+			if err := f.removeFamily(ctx, fam, !f.leftoversChecked); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if _, err := f.backend.Tools(fam); err == nil {
+			f.applied[fam] = true
+		}
+		rs := cacheRuleset(fam, eps, false)
+		sync, err := f.rules.Sync(ctx, rs)
+		if err != nil {
+			errs = append(errs, rulesError(fmt.Sprintf("sync %s rules", fam), err))
+			continue
+		}
+		if sync.Changed {
+			if last, ok := f.lastRules[fam]; ok && sameRuleset(last, rs) {
+				f.log.Warningf("nodelocal: repaired %s rules: rewrote chains %v, jumps %v", fam, sync.RewrittenChains, sync.RepairedJumps)
+			} else {
+				f.log.Infof("nodelocal: wrote %s rules for %d endpoints", fam, len(eps))
+			}
+		}
+		f.lastRules[fam] = rs
+		res.Rules += sync.Rules
+		for _, e := range eps {
+			res.Covered = append(res.Covered, e.Addr)
+		}
+	}
+	f.leftoversChecked = true
+	slices.SortFunc(res.Covered, netip.Addr.Compare)
+	res.Covered = slices.Compact(res.Covered)
+	return res, errors.Join(errs...)
+}
+
+// removeFamily deletes the cache's rules of a family nobody claims. For a family this firewall never wrote
+// (leftovers of an earlier run, looked for once) a failure is only logged: no command for that family may
+// ever have worked on this node.
+func (f *iptablesFirewall) removeFamily(ctx context.Context, fam rules.Family, lookForLeftovers bool) error {
+	if !f.applied[fam] {
+		if !lookForLeftovers {
+			return nil
+		}
+		if _, err := f.backend.Tools(fam); err != nil {
+			return nil // no tools for the family: nothing of ours can be there
+		}
+	}
+	if err := f.rules.Delete(ctx, cacheRuleset(fam, nil, false)); err != nil {
+		if f.applied[fam] {
+			return rulesError(fmt.Sprintf("delete %s rules", fam), err)
+		}
+		f.log.Warningf("nodelocal: could not look for leftover %s rules: %v", fam, err)
+		return nil
+	}
+	if f.applied[fam] {
+		f.log.Infof("nodelocal: deleted %s rules", fam)
+	}
+	f.applied[fam] = false
+	delete(f.lastRules, fam)
+	return nil
+}
+
+// NarrowCache rewrites the raw chains to exempt only the cache's answers (rules.NodeCacheSpec.RepliesOnly).
+func (f *iptablesFirewall) NarrowCache(ctx context.Context, endpoints []rules.Endpoint) error {
+	for _, fam := range f.Families(familiesOfEndpoints(endpoints)) {
+		var eps []rules.Endpoint
+		for _, e := range endpoints {
+			if rules.FamilyOf(e.Addr) == fam {
+				eps = append(eps, e)
+			}
+		}
+		if _, err := f.rules.Sync(ctx, cacheRuleset(fam, eps, true)); err != nil {
+			return rulesError(fmt.Sprintf("narrow the %s rules to the answers", fam), err)
+		}
+	}
+	return nil
+}
+
+func (f *iptablesFirewall) UnhookCache(ctx context.Context, fams []rules.Family) error {
+	var errs []error
+	for _, fam := range f.Families(fams) {
+		if err := f.rules.RemoveJumps(ctx, cacheRuleset(fam, nil, false)); err != nil {
+			errs = append(errs, rulesError(fmt.Sprintf("remove the %s jumps", fam), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (f *iptablesFirewall) CacheHooked(ctx context.Context, fams []rules.Family) (bool, error) {
+	for _, fam := range f.Families(fams) {
+		has, err := f.rules.HasJumps(ctx, cacheRuleset(fam, nil, false))
+		if err != nil {
+			return false, rulesError(fmt.Sprintf("read the cache's %s jumps", fam), err)
+		}
+		if has {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (f *iptablesFirewall) CacheEndpoints(ctx context.Context) ([]rules.Endpoint, error) {
+	var out []rules.Endpoint
+	for _, fam := range f.Families(rules.Families) {
+		eps, err := f.rules.CachedEndpoints(ctx, fam, rules.NodeCacheSpec{})
+		if err != nil {
+			return nil, rulesError(fmt.Sprintf("read the cache's %s rules", fam), err)
+		}
+		out = append(out, eps...)
+	}
+	return rules.SortEndpoints(out), nil
+}
+
+// PlanDivert keeps, of wants, those whose upstream is an address of the node (IPVS mode: a DNAT to it, and
+// IPVS takes it from there) and those whose upstream kube-proxy serves in KUBE-SERVICES (iptables mode: a
+// jump into kube-proxy's own chain of the Service port, which picks an endpoint and DNATs to it as for the
+// ClusterIP). A DNAT to the ClusterIP would not do there: a DNAT ends the nat table's walk, so kube-proxy's
+// DNAT would never see the packet. The Service port's chain is named by a hash of the port, so it survives
+// kube-proxy's syncs; kube-proxy can only delete it (the Service or its port removed, or left without
+// endpoints) while nothing jumps to it, so the divert must not outstay the failure it bridges.
+func (f *iptablesFirewall) PlanDivert(ctx context.Context, fams []rules.Family, wants []rules.Divert, local []netip.Addr) (divertPlan, error) {
+	p := divertPlan{Families: f.Families(fams)}
+	for _, d := range wants {
+		if slices.Contains(local, d.To) {
+			p.Diverts = append(p.Diverts, d)
+			continue
+		}
+		if !slices.Contains(p.Families, rules.FamilyOf(d.To)) {
+			p.Skipped = append(p.Skipped, d)
+			continue
+		}
+		port := d.Port
+		if port == 0 {
+			port = DefaultDNSPort
+		}
+		chains, masq, err := f.rules.KubeProxyServiceChains(ctx, d.To, port)
+		if err != nil {
+			return divertPlan{}, rulesError(fmt.Sprintf("look for kube-proxy's chains of %s", netip.AddrPortFrom(d.To, port)), err)
+		}
+		if len(chains) == 0 {
+			p.Skipped = append(p.Skipped, d)
+			continue
+		}
+		d.Via, d.MarkMasq = chains, masq
+		p.Diverts = append(p.Diverts, d)
+	}
+	return p, nil
+}
+
+func (f *iptablesFirewall) WriteDivert(ctx context.Context, p divertPlan) error {
+	for _, fam := range p.Families {
+		if _, err := f.rules.Sync(ctx, rules.Guard(fam, p.Diverts)); err != nil {
+			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
+		}
+	}
+	return nil
+}
+
+func (f *iptablesFirewall) DeleteDivert(ctx context.Context, fams []rules.Family) (bool, error) {
+	found, err := f.Diverted(ctx, fams)
+	if err != nil {
+		return false, err
+	}
+	for _, fam := range f.Families(fams) {
+		if err := f.rules.Delete(ctx, rules.Guard(fam, nil)); err != nil {
+			return found, rulesError(fmt.Sprintf("remove the %s divert", fam), err)
+		}
+	}
+	return found, nil
+}
+
+// Diverted looks for the guard's chain in the nat table, and for its markers in the tables of the cache's
+// jumps (a divert half removed still marks the node).
+func (f *iptablesFirewall) Diverted(ctx context.Context, fams []rules.Family) (bool, error) {
+	for _, fam := range f.Families(fams) {
+		for _, t := range append([]rules.Table{rules.NAT}, rules.GuardMarks...) {
+			ok, err := f.rules.ChainExists(ctx, fam, t, rules.GuardChain)
+			if err != nil {
+				return false, rulesError(fmt.Sprintf("look for the %s divert", fam), err)
+			}
+			if ok {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+func (f *iptablesFirewall) UnhookCacheWhileDiverted(ctx context.Context, fams []rules.Family) (marked, unhooked bool, err error) {
+	for _, fam := range f.Families(fams) {
+		m, removed, err := f.rules.RemoveJumpsWhileMarked(ctx, cacheRuleset(fam, nil, false), rules.GuardChain)
+		if err != nil {
+			return marked, unhooked, rulesError(fmt.Sprintf("remove the cache's %s jumps", fam), err)
+		}
+		marked = marked || m
+		unhooked = unhooked || removed
+	}
+	return marked, unhooked, nil
+}
+
+func (f *iptablesFirewall) AddProbeExemption(ctx context.Context, mark uint32, addrs []netip.Addr) error {
+	var errs []error
+	for _, fam := range familiesOf(addrs) {
+		if f.probeInstalled[fam] {
+			continue
+		}
+		f.probed[fam] = true
+		if err := f.rules.AddProbeExemption(ctx, fam, mark); err != nil {
+			errs = append(errs, rulesError(fmt.Sprintf("add the %s probe exemption", fam), err))
+			continue
+		}
+		f.probeInstalled[fam] = true
+	}
+	return errors.Join(errs...)
+}
+
+func (f *iptablesFirewall) RemoveProbeExemption(ctx context.Context, mark uint32) error {
+	var errs []error
+	for _, fam := range rules.Families {
+		if !f.probed[fam] {
+			continue
+		}
+		// Removing a rule that is not there is not an error.
+		if err := f.rules.RemoveProbeExemption(ctx, fam, mark); err != nil {
+			errs = append(errs, rulesError(fmt.Sprintf("remove the %s probe exemption", fam), err))
+			continue
+		}
+		delete(f.probed, fam)
+		delete(f.probeInstalled, fam)
+	}
+	return errors.Join(errs...)
+}
+
+func sameRuleset(a, b rules.Ruleset) bool {
+	return a.Family == b.Family && slices.EqualFunc(a.Chains, b.Chains, func(x, y rules.Chain) bool {
+		return x.Table == y.Table && x.Name == y.Name && slices.Equal(x.Hooks, y.Hooks) && x.JumpComment == y.JumpComment &&
+			slices.EqualFunc(x.Rules, y.Rules, func(p, q rules.Rule) bool { return slices.Equal(p, q) })
+	})
+}
