@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -52,12 +51,9 @@ func Queue(path string) (*Successor, error) {
 	if path == "" {
 		path = DefaultPath
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("node lock: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("node lock: %w", err)
+		return nil, err
 	}
 	if err := setRangeLock(f, queueByte, unix.F_WRLCK); err != nil {
 		f.Close()
@@ -123,7 +119,7 @@ func (s *Successor) Take(ctx context.Context, poll time.Duration) (*Lock, error)
 	// Leave the queue only now: an owner that finds neither a queue nor a lock takes its node back.
 	_ = setRangeLock(f, readyByte, unix.F_UNLCK)
 	_ = setRangeLock(f, queueByte, unix.F_UNLCK)
-	return &Lock{f: f}, nil
+	return &Lock{path: s.path, f: f}, nil
 }
 
 // Close leaves the queue without taking the node. Closing twice, or after Take, is not an error.
@@ -159,9 +155,9 @@ func Orphaned(path string) (bool, error) {
 	if path == "" {
 		path = DefaultPath
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openFile(path)
 	if err != nil {
-		return false, fmt.Errorf("node lock: %w", err)
+		return false, err
 	}
 	defer f.Close()
 	queued, err := rangeLocked(f, queueByte)
