@@ -21,7 +21,9 @@
 //
 // A descriptor that another user opened while the file was still open to others outlives the narrowing.
 // Through it that user can still take the flock (flock needs no write access), and HeldError then names
-// whoever last wrote the file.
+// whoever last wrote the file; and it can place read locks, but not the write locks that queue or say
+// ready (fcntl needs a descriptor open for writing for those). So a read lock on those bytes is a forgery:
+// it is reported as a *ForgedLockError and never counted as a successor.
 package nodelock
 
 import (
