@@ -3,9 +3,12 @@ package nodelock
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestHandOff(t *testing.T) {
@@ -104,4 +107,57 @@ func TestSuccessorThatLeavesOrphansNothing(t *testing.T) {
 		t.Fatalf("the old owner takes its node back: %v", err)
 	}
 	back.Release()
+}
+
+// TestReadLocksAreNoSuccessor checks that read locks on the queue and ready bytes, all that a process
+// which may only read the lock file can place, do not make a successor.
+func TestReadLocksAreNoSuccessor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.lock")
+	owner, err := Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Release()
+	reader, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	if err := setRangeLock(reader, queueByte, unix.F_WRLCK); !errors.Is(err, unix.EBADF) {
+		t.Fatalf("a write lock through a read-only descriptor: %v, want EBADF", err)
+	}
+	for _, b := range []int64{queueByte, readyByte} {
+		if err := setRangeLock(reader, b, unix.F_RDLCK); err != nil {
+			t.Fatalf("read lock on byte %d: %v", b, err)
+		}
+	}
+
+	queued, err := owner.SuccessorQueued()
+	if queued {
+		t.Error("SuccessorQueued: a read lock counts as a successor in line")
+	}
+	if forged, ok := errors.AsType[*ForgedLockError](err); !ok || forged.Ready {
+		t.Errorf("SuccessorQueued with a read lock on the queue byte: %v, want a ForgedLockError for the queue", err)
+	}
+	ready, err := owner.SuccessorReady()
+	if ready {
+		t.Error("SuccessorReady: a read lock counts as a ready successor")
+	}
+	if forged, ok := errors.AsType[*ForgedLockError](err); !ok || !forged.Ready {
+		t.Errorf("SuccessorReady with a read lock on the ready byte: %v, want a ForgedLockError for readiness", err)
+	}
+	// A real successor is kept out of the queue, and told why.
+	if s, err := Queue(path); err == nil {
+		s.Close()
+		t.Error("Queue succeeded beside a read lock on the queue byte")
+	} else if _, ok := errors.AsType[*ForgedLockError](err); !ok {
+		t.Errorf("Queue beside a read lock on the queue byte: %v, want a ForgedLockError", err)
+	}
+	// An owner that let go takes its node back: a read lock is not a successor it waits for.
+	if err := owner.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if orphaned, err := Orphaned(path); err != nil || !orphaned {
+		t.Errorf("Orphaned with only read locks on the file: %v %v, want true", orphaned, err)
+	}
 }

@@ -319,6 +319,7 @@ func (n *node) watchSuccessor(life context.Context) {
 	go func() {
 		t := time.NewTicker(successorPoll)
 		defer t.Stop()
+		var failed string // the last error, logged once until it changes or a look succeeds
 		for {
 			select {
 			case <-ctx.Done():
@@ -330,8 +331,14 @@ func (n *node) watchSuccessor(life context.Context) {
 				return
 			}
 			if err != nil {
+				// A read lock posing as a successor (nodelock.ForgedLockError) ends here too: never a hand-off.
+				if msg := err.Error(); msg != failed {
+					log.Warningf("keeping the node: %v", err)
+					failed = msg
+				}
 				continue
 			}
+			failed = ""
 			n.handoff.successorQueued.Store(queued)
 			if !ready {
 				continue
