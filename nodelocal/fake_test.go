@@ -293,6 +293,11 @@ func (f fakeFirewall) RemoveProbeExemption(context.Context, uint32) error {
 	return nil
 }
 
+func (f fakeFirewall) Inspect(context.Context, []rules.Endpoint) []RuleCheck {
+	_ = f.n.op("Inspect")
+	return nil
+}
+
 // The link, the node's addresses and connection tracking.
 
 type fakeLink struct{ n *fakeNode }

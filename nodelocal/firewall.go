@@ -59,6 +59,10 @@ type firewall interface {
 	AddProbeExemption(ctx context.Context, mark uint32, addrs []netip.Addr) error
 	// RemoveProbeExemption removes whatever AddProbeExemption may have put in place.
 	RemoveProbeExemption(ctx context.Context, mark uint32) error
+
+	// Inspect reads whether the cache's rules cover endpoints and see traffic first, and whether the node
+	// has failed open, for InspectRules; it changes nothing.
+	Inspect(ctx context.Context, endpoints []rules.Endpoint) []RuleCheck
 }
 
 // cacheSync says what a SyncCache found and did.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
@@ -312,4 +313,82 @@ func sameRuleset(a, b rules.Ruleset) bool {
 		return x.Table == y.Table && x.Name == y.Name && slices.Equal(x.Hooks, y.Hooks) && x.JumpComment == y.JumpComment &&
 			slices.EqualFunc(x.Rules, y.Rules, func(p, q rules.Rule) bool { return slices.Equal(p, q) })
 	})
+}
+
+// Inspect checks, per family of endpoints, that the cache's raw and filter chains hold the rules for every
+// endpoint and that each hook jumps to them first, and that the guard's nat chain is not there. It reads
+// whole tables with iptables-save.
+func (f *iptablesFirewall) Inspect(ctx context.Context, endpoints []rules.Endpoint) []RuleCheck {
+	var out []RuleCheck
+	backend := "iptables-" + string(f.Mode())
+	for _, fam := range rules.Families {
+		var eps []rules.Endpoint
+		for _, e := range endpoints {
+			if rules.FamilyOf(e.Addr) == fam {
+				eps = append(eps, e)
+			}
+		}
+		if len(eps) == 0 {
+			continue
+		}
+		check := func(target string, ok bool, format string, args ...any) {
+			out = append(out, RuleCheck{Check: "rules", Target: target, OK: ok, Detail: fmt.Sprintf(format, args...)})
+		}
+		for _, c := range cacheRuleset(fam, eps, false).Chains {
+			target := fmt.Sprintf("%s %s %s/%s", backend, fam, c.Table, c.Name)
+			st, err := f.rules.Inspect(ctx, fam, c.Table)
+			if err != nil {
+				check(target, false, "reading the table: %v", err)
+				continue
+			}
+			have, ok := st.Chains[c.Name]
+			if !ok {
+				check(target, false, "no chain %s", c.Name)
+				continue
+			}
+			missing := 0
+			for _, r := range c.Rules {
+				if !slices.ContainsFunc(have, func(h rules.Rule) bool { return slices.Equal(h, r) }) {
+					missing++
+				}
+			}
+			var notFirst []string
+			for _, hook := range c.Hooks {
+				if hr := st.Chains[hook]; len(hr) == 0 || hr[0].Target() != c.Name {
+					notFirst = append(notFirst, hook)
+				}
+			}
+			switch {
+			case missing > 0:
+				check(target, false, "%d of the %d rules for %v are missing", missing, len(c.Rules), addressesOf(eps))
+			case len(notFirst) > 0:
+				check(target, false, "the jump to %s is not the first rule of %s", c.Name, strings.Join(notFirst, ", "))
+			default:
+				check(target, true, "%d rules, jumped to first from %s (%s)", len(have), strings.Join(c.Hooks, ", "), f.Reason())
+			}
+		}
+		target := backend + " " + fam.String()
+		nat, err := f.rules.Inspect(ctx, fam, rules.NAT)
+		switch {
+		case err != nil:
+			out = append(out, RuleCheck{Check: "fail-open", Target: target, Detail: fmt.Sprintf("reading the nat table: %v", err)})
+		case nat.ChainExists(rules.GuardChain):
+			out = append(out, RuleCheck{Check: "fail-open", Target: target,
+				Detail: fmt.Sprintf("chain %s exists: the guard failed the node open and the cache has not taken it back", rules.GuardChain)})
+		default:
+			out = append(out, RuleCheck{Check: "fail-open", Target: target, OK: true, Detail: "no " + rules.GuardChain + " chain"})
+		}
+	}
+	return out
+}
+
+// addressesOf returns the addresses of eps, each once.
+func addressesOf(eps []rules.Endpoint) []netip.Addr {
+	var out []netip.Addr
+	for _, e := range eps {
+		if !slices.Contains(out, e.Addr) {
+			out = append(out, e.Addr)
+		}
+	}
+	return out
 }

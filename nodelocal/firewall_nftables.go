@@ -2,9 +2,11 @@ package nodelocal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
@@ -199,4 +201,45 @@ func (f *nftablesFirewall) RemoveProbeExemption(ctx context.Context, _ uint32) e
 	}
 	f.probeAddrs = nil
 	return nil
+}
+
+// Inspect checks that the cache's table is hooked at prerouting and output and that its rules cover every
+// endpoint (read from their expressions), and that the divert's table, which exists while the node is
+// failed open, does not.
+func (f *nftablesFirewall) Inspect(ctx context.Context, endpoints []rules.Endpoint) []RuleCheck {
+	target := "nftables inet " + rules.NFTablesTable
+	check := func(ok bool, format string, args ...any) RuleCheck {
+		return RuleCheck{Check: "rules", Target: target, OK: ok, Detail: fmt.Sprintf(format, args...)}
+	}
+	var out []RuleCheck
+	have, err := f.nft.CacheEndpoints(ctx)
+	pre, output, herr := f.nft.CacheHooks(ctx)
+	var missing []string
+	for _, e := range endpoints {
+		if !slices.Contains(have, e) {
+			missing = append(missing, e.String())
+		}
+	}
+	switch {
+	case err != nil || herr != nil:
+		out = append(out, check(false, "reading the table: %v", errors.Join(err, herr)))
+	case len(have) == 0 && !pre && !output:
+		out = append(out, check(false, "no table inet %s", rules.NFTablesTable))
+	case !pre || !output:
+		out = append(out, check(false, "base chains: prerouting %v, output %v; the NOTRACK rules miss the traffic of a missing hook", pre, output))
+	case len(missing) > 0:
+		out = append(out, check(false, "no NOTRACK rule for %s", strings.Join(missing, ", ")))
+	default:
+		out = append(out, check(true, "NOTRACK rules for %d endpoints, hooked at prerouting and output (%s)", len(have), f.Reason()))
+	}
+	switch diverted, err := f.nft.TableExists(ctx, rules.NFTablesGuardTable); {
+	case err != nil:
+		out = append(out, RuleCheck{Check: "fail-open", Target: "nftables", Detail: err.Error()})
+	case diverted:
+		out = append(out, RuleCheck{Check: "fail-open", Target: "nftables",
+			Detail: fmt.Sprintf("table inet %s exists: the guard failed the node open and the cache has not taken it back", rules.NFTablesGuardTable)})
+	default:
+		out = append(out, RuleCheck{Check: "fail-open", Target: "nftables", OK: true, Detail: "no table inet " + rules.NFTablesGuardTable})
+	}
+	return out
 }

@@ -17,14 +17,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/userdata"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 // verifyFlags are the flags of the -verify mode. It shares -localip, -interfacename, -health-port,
@@ -93,7 +91,7 @@ func (r verifyResult) result() string {
 type verifier struct {
 	listen     []netip.Addr
 	iface      string
-	backend    rules.Mode
+	backend    string
 	dnsPort    uint16
 	healthPort uint16
 	readyPort  uint16
@@ -198,7 +196,7 @@ func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verify
 	if metrics := cacheMetricsAddress(nc.prometheusListenAddress, conf, v.listen); metrics != "" {
 		v.metricsURL = "http://" + metrics + "/metrics"
 	}
-	if v.backend, err = rules.ParseMode(g.backend); err != nil {
+	if v.backend, err = nodelocal.ParseBackend(g.backend); err != nil {
 		errs = append(errs, fmt.Errorf("-guard.backend: %w", err))
 	}
 	if v.dnsPort, err = parsePort(lookupFlag(fs, "dns.port", "53")); err != nil {
@@ -269,177 +267,12 @@ func (v *verifier) checkLink() {
 	}
 }
 
-// checkRules checks, in the backend the cache uses, that our raw and filter chains hold the rules for every
-// address and DNS port and that each hook jumps to them first; that the guard has not failed the node open;
-// and that the other backend holds no chain of ours.
+// checkRules checks, in the backend the cache uses, that the cache's rules cover every address and DNS
+// port and see traffic first; that the guard has not failed the node open; and that no other backend holds
+// rules of the cache's (nodelocal.InspectRules).
 func (v *verifier) checkRules(ctx context.Context) {
-	b, err := rules.Select(ctx, v.backend)
-	if none, ok := errors.AsType[*rules.NoKubeProxyRulesError](err); ok {
-		v.add("rules", "backend", false, "%v", none)
-		b = none.Backend
-	} else if err != nil {
-		v.add("rules", "backend", false, "choosing the backend: %v", err)
-		return
-	}
-	if b.Mode == rules.NFTables {
-		v.checkNFTables(ctx, b)
-	} else {
-		v.checkIPTables(ctx, b)
-	}
-	v.checkOtherBackends(ctx, b.Mode)
-}
-
-// checkIPTables checks, in the iptables backend b, that our raw and filter chains hold the rules for every
-// address and DNS port and that each hook jumps to them first, and that the guard has not failed the node
-// open.
-func (v *verifier) checkIPTables(ctx context.Context, b *rules.Backend) {
-	m := rules.NewManager(b, rules.ManagerOptions{})
-	eps := rules.Endpoints(v.listen, v.dnsPort, nil)
-	backend := "iptables-" + string(b.Mode)
-	for _, fam := range rules.Families {
-		want := rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: eps})
-		if len(want.Chains[0].Rules) == 0 {
-			continue // no address of this family
-		}
-		for _, c := range want.Chains {
-			target := fmt.Sprintf("%s %s %s/%s", backend, fam, c.Table, c.Name)
-			st, err := m.Inspect(ctx, fam, c.Table)
-			if err != nil {
-				v.add("rules", target, false, "reading the table: %v", err)
-				continue
-			}
-			have, ok := st.Chains[c.Name]
-			if !ok {
-				v.add("rules", target, false, "no chain %s", c.Name)
-				continue
-			}
-			var missing int
-			for _, r := range c.Rules {
-				if !slices.ContainsFunc(have, func(h rules.Rule) bool { return slices.Equal(h, r) }) {
-					missing++
-				}
-			}
-			var notFirst []string
-			for _, hook := range c.Hooks {
-				if hr := st.Chains[hook]; len(hr) == 0 || jumpTarget(hr[0]) != c.Name {
-					notFirst = append(notFirst, hook)
-				}
-			}
-			switch {
-			case missing > 0:
-				v.add("rules", target, false, "%d of the %d rules for %v are missing", missing, len(c.Rules), v.listen)
-			case len(notFirst) > 0:
-				v.add("rules", target, false, "the jump to %s is not the first rule of %s", c.Name, strings.Join(notFirst, ", "))
-			default:
-				v.add("rules", target, true, "%d rules, jumped to first from %s (%s)", len(have), strings.Join(c.Hooks, ", "), b.Reason)
-			}
-		}
-		nat, err := m.Inspect(ctx, fam, rules.NAT)
-		if err != nil {
-			v.add("fail-open", backend+" "+fam.String(), false, "reading the nat table: %v", err)
-		} else if nat.ChainExists(rules.GuardChain) {
-			v.add("fail-open", backend+" "+fam.String(), false, "chain %s exists: the guard failed the node open and the cache has not taken it back", rules.GuardChain)
-		} else {
-			v.add("fail-open", backend+" "+fam.String(), true, "no %s chain", rules.GuardChain)
-		}
-	}
-}
-
-// checkNFTables checks that the cache's table inet nodelocaldns is hooked at prerouting and output and that
-// its rules, found by the comments the rules package writes on them ("to ADDR udp/53", "from ADDR udp/53"),
-// cover every address and DNS port; and that the guard's table, which exists while the node is failed open,
-// does not. It reads over netlink and changes nothing.
-func (v *verifier) checkNFTables(ctx context.Context, b *rules.Backend) {
-	target := "nftables inet " + rules.NFTablesTable
-	c, err := nftables.New()
-	if err != nil {
-		v.add("rules", target, false, "opening netlink: %v", err)
-		return
-	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		v.add("rules", target, false, "listing the inet chains: %v", err)
-		return
-	}
-	hooked := map[nftables.ChainHook]bool{}
-	comments := map[string]bool{}
-	found := false
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != rules.NFTablesTable {
-			continue
-		}
-		found = true
-		if ch.Hooknum != nil {
-			hooked[*ch.Hooknum] = true
-			continue
-		}
-		rs, err := c.GetRules(ch.Table, ch)
-		if err != nil {
-			v.add("rules", target, false, "reading chain %s: %v", ch.Name, err)
-			return
-		}
-		for _, r := range rs {
-			if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
-				comments[comment[strings.LastIndex(comment, ": ")+2:]] = true
-			}
-		}
-	}
-	var missing []string
-	for _, e := range rules.Endpoints(v.listen, v.dnsPort, nil) {
-		for _, dir := range []string{"to", "from"} {
-			if want := fmt.Sprintf("%s %s %s/%d", dir, e.Addr, e.Protocol, e.Port); !comments[want] {
-				missing = append(missing, want)
-			}
-		}
-	}
-	switch {
-	case !found:
-		v.add("rules", target, false, "no table inet %s", rules.NFTablesTable)
-	case !hooked[*nftables.ChainHookPrerouting] || !hooked[*nftables.ChainHookOutput]:
-		v.add("rules", target, false, "base chains: prerouting %v, output %v; the NOTRACK rules miss the traffic of a missing hook",
-			hooked[*nftables.ChainHookPrerouting], hooked[*nftables.ChainHookOutput])
-	case len(missing) > 0:
-		v.add("rules", target, false, "no NOTRACK rule %s", strings.Join(missing, ", "))
-	default:
-		v.add("rules", target, true, "%d NOTRACK rules, hooked at prerouting and output (%s)", len(comments), b.Reason)
-	}
-	if ok, err := rules.NewNFTablesManager().TableExists(ctx, rules.NFTablesGuardTable); err != nil {
-		v.add("fail-open", "nftables", false, "%v", err)
-	} else if ok {
-		v.add("fail-open", "nftables", false, "table inet %s exists: the guard failed the node open and the cache has not taken it back", rules.NFTablesGuardTable)
-	} else {
-		v.add("fail-open", "nftables", true, "no table inet %s", rules.NFTablesGuardTable)
-	}
-}
-
-// checkOtherBackends fails when a backend the cache does not use holds rules of ours: an earlier cache chose
-// another backend, and its rules order with nothing of kube-proxy's.
-func (v *verifier) checkOtherBackends(ctx context.Context, used rules.Mode) {
-	for _, other := range []rules.Mode{rules.Legacy, rules.NFT} {
-		if other == used {
-			continue
-		}
-		ob, err := rules.NewBackend(other, "another backend")
-		if err != nil {
-			continue
-		}
-		om := rules.NewManager(ob, rules.ManagerOptions{})
-		for _, fam := range rules.Families {
-			st, err := om.Inspect(ctx, fam, rules.Raw)
-			if err != nil {
-				continue // that backend's tools or tables are absent: nothing of ours can be there
-			}
-			if st.ChainExists(rules.DefaultChain) {
-				v.add("rules", fmt.Sprintf("iptables-%s %s raw", other, fam), false,
-					"chain %s is in a backend the cache does not use (it uses %s): delete it there", rules.DefaultChain, used)
-			}
-		}
-	}
-	if used != rules.NFTables {
-		if ok, err := rules.NewNFTablesManager().TableExists(ctx, rules.NFTablesTable); err == nil && ok {
-			v.add("rules", "nftables inet "+rules.NFTablesTable, false,
-				"the table is there, but the cache uses iptables-%s: delete it (nft delete table inet %s)", used, rules.NFTablesTable)
-		}
+	for _, c := range nodelocal.InspectRules(ctx, v.backend, v.listen, v.dnsPort) {
+		v.add(c.Check, c.Target, c.OK, "%s", c.Detail)
 	}
 }
 
@@ -532,14 +365,6 @@ func (v *verifier) lookup(ctx context.Context, network string, server netip.Addr
 		v.lookups = append(v.lookups, netip.AddrPortFrom(server.Addr(), uint16(local.Port)))
 	}
 	return r, err
-}
-
-// jumpTarget returns the chain a rule jumps to, or "".
-func jumpTarget(r rules.Rule) string {
-	if i := slices.Index(r, "-j"); i >= 0 && i+1 < len(r) {
-		return r[i+1]
-	}
-	return ""
 }
 
 func answers(r *dns.Msg, qtype uint16) []string {

@@ -208,23 +208,30 @@ func (n *NFTablesManager) DeleteCache(ctx context.Context) (bool, error) {
 
 // CacheHooked reports whether the cache's table has a base chain: whether its NOTRACK rules see traffic.
 func (n *NFTablesManager) CacheHooked(ctx context.Context) (bool, error) {
+	pre, out, err := n.CacheHooks(ctx)
+	return pre || out, err
+}
+
+// CacheHooks reports whether the cache's table has its base chain at the prerouting hook (Pods' traffic)
+// and at the output hook (the host's).
+func (n *NFTablesManager) CacheHooks(ctx context.Context) (prerouting, output bool, err error) {
 	c, err := nftables.New()
 	if err != nil {
-		return false, nftError("open netlink", err)
+		return false, false, nftError("open netlink", err)
 	}
 	if ok, err := tableExists(c, NFTablesTable); err != nil || !ok {
-		return false, err
+		return false, false, err
 	}
-	for _, name := range []string{nftPreroutingChain, nftOutputChain} {
+	var found [2]bool
+	for i, name := range []string{nftPreroutingChain, nftOutputChain} {
 		if err := ctx.Err(); err != nil {
-			return false, err
+			return false, false, err
 		}
-		ok, err := chainExists(c, NFTablesTable, name)
-		if err != nil || ok {
-			return ok, err
+		if found[i], err = chainExists(c, NFTablesTable, name); err != nil {
+			return false, false, err
 		}
 	}
-	return false, nil
+	return found[0], found[1], nil
 }
 
 // UnhookCache deletes the base chains of the cache's table and keeps its rules: traffic then takes its

@@ -264,6 +264,9 @@ func chainFromSave(out []byte, table Table, name string) ([]Rule, bool, error) {
 }
 
 // target returns the chain or target a rule jumps (or goes) to, or "".
+// Target returns the chain or target the rule jumps to ("-j"), or "".
+func (r Rule) Target() string { return target(r) }
+
 func target(r Rule) string {
 	for i := len(r) - 2; i >= 0; i-- {
 		switch r[i] {
