@@ -67,6 +67,25 @@ func (s *Successor) Take(ctx context.Context) (*Reconciler, error) {
 	if err != nil {
 		return nil, &Error{Kind: KindNodeLock, Op: "take the node over", Err: err}
 	}
+	return s.own(lock)
+}
+
+// TryTake is Take without the wait: it returns nil while the owner holds the node. A successor that does
+// not answer yet calls it every HandoffPoll, so that an owner that stops first (and hands the node to the
+// cluster DNS, or tears it down) leaves it to this successor at once instead of to nobody: the successor
+// then starts as any owner does, its rules following once it answers.
+func (s *Successor) TryTake() (*Reconciler, error) {
+	lock, err := s.q.TryTake()
+	if err != nil {
+		return nil, &Error{Kind: KindNodeLock, Op: "take the node over", Err: err}
+	}
+	if lock == nil {
+		return nil, nil
+	}
+	return s.own(lock)
+}
+
+func (s *Successor) own(lock *nodelock.Lock) (*Reconciler, error) {
 	r, err := newReconciler(s.cfg, lock)
 	if err != nil {
 		return nil, errors.Join(err, lock.Release())

@@ -120,24 +120,33 @@ func (s *Successor) Ready() error {
 // Take waits until the owner lets go of the lock, polling every poll, takes it and leaves the queue. It
 // returns the lock, or ctx's error: the successor then stays in line until Close.
 func (s *Successor) Take(ctx context.Context, poll time.Duration) (*Lock, error) {
-	if s.f == nil {
-		return nil, errors.New("node lock: successor closed")
-	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
-		err := syscall.Flock(int(s.f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("node lock: flock %s: %w", s.path, err)
+		l, err := s.TryTake()
+		if err != nil || l != nil {
+			return l, err
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-t.C:
 		}
+	}
+}
+
+// TryTake takes the lock and leaves the queue if the owner has let go, without waiting: a successor that
+// has not said it is ready yet calls it to find an owner that stopped first. It returns nil while the owner
+// holds the lock.
+func (s *Successor) TryTake() (*Lock, error) {
+	if s.f == nil {
+		return nil, errors.New("node lock: successor closed")
+	}
+	if err := syscall.Flock(int(s.f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("node lock: flock %s: %w", s.path, err)
 	}
 	f := s.f
 	s.f = nil

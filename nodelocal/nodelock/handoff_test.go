@@ -161,3 +161,40 @@ func TestReadLocksAreNoSuccessor(t *testing.T) {
 		t.Errorf("Orphaned with only read locks on the file: %v %v, want true", orphaned, err)
 	}
 }
+
+// TestTryTakeFindsAnOwnerThatStoppedFirst: a successor that is not ready yet takes a lock its owner let go
+// of at the first try after, without waiting, and leaves the queue; while the owner holds it, it gets none.
+func TestTryTakeFindsAnOwnerThatStoppedFirst(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.lock")
+	owner, err := Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := Queue(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if l, err := next.TryTake(); err != nil || l != nil {
+		t.Fatalf("TryTake while the owner holds the lock: %v, %v", l, err)
+	}
+	if queued, err := owner.SuccessorQueued(); err != nil || !queued {
+		t.Fatalf("a TryTake that found the owner left the queue: %v %v", queued, err)
+	}
+	if err := owner.Release(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := next.TryTake()
+	if err != nil || l == nil {
+		t.Fatalf("TryTake after the owner let go: %v, %v", l, err)
+	}
+	defer l.Release()
+	if _, err := Acquire(path); err == nil {
+		t.Error("the lock TryTake took is free")
+	}
+	third, err := Queue(path)
+	if err != nil {
+		t.Fatalf("the queue is still taken after TryTake: %v", err)
+	}
+	third.Close()
+}

@@ -140,22 +140,60 @@ func addressesOnNode(keys []claimKey) error {
 }
 
 // succeed waits until this server answers on every address, tells the owner, takes the node over and
-// steers new traffic to this process. It ends with the instance.
+// steers new traffic to this process. While it waits it tries the node lock every HandoffPoll: an owner
+// that stops before this server answers (a SIGTERM, an eviction, the DaemonSet controller deleting a Pod
+// that said it was not ready) hands the node to the cluster DNS on its way out, and this process's
+// probes, which a successor sends without the probe exemption, would then be answered through the divert
+// forever. So the lock it finds free makes it the owner at once, which starts as any owner does (see
+// ownBeforeAnswering). It ends with the instance.
 func (n *node) succeed(in *instance, q *nodelocal.Successor) {
 	targets := in.probeTargets()
-	if err := probeAll(in.ctx, targets); err != nil {
-		return // the instance ended
-	}
-	if err := q.Ready(); err != nil {
-		countSetupError(err)
-		log.Errorf("this server answers on %s, but it could not tell the owner: %v", targetList(targets), err)
+	probeCtx, stopProbes := context.WithCancel(in.ctx)
+	defer stopProbes()
+	answered := make(chan error, 1)
+	go func() { answered <- probeAll(probeCtx, targets) }()
+	poll := time.NewTicker(nodelocal.HandoffPoll)
+	defer poll.Stop()
+	ready := false
+	for {
+		select {
+		case <-in.ctx.Done():
+			return // shutdown leaves the queue
+		case err := <-answered:
+			if err != nil {
+				return // the instance ended
+			}
+			if err := q.Ready(); err != nil {
+				countSetupError(err)
+				log.Errorf("this server answers on %s, but it could not tell the owner: %v", targetList(targets), err)
+				return
+			}
+			ready = true
+			log.Infof("this server answers on %s: waiting for %s to hand the node over", targetList(targets), q.Owner())
+		case <-poll.C:
+		}
+		rec, err := q.TryTake()
+		if err != nil {
+			countSetupError(err)
+			log.Errorf("waiting to take the node over from %s: %v", q.Owner(), err)
+			continue
+		}
+		if rec == nil {
+			continue
+		}
+		stopProbes()
+		if ready {
+			n.takeOver(in, q, rec)
+		} else {
+			n.ownBeforeAnswering(q, rec)
+		}
 		return
 	}
-	log.Infof("this server answers on %s: waiting for %s to hand the node over", targetList(targets), q.Owner())
-	rec, err := q.Take(in.ctx)
-	if err != nil {
-		return // the instance ended; shutdown leaves the queue
-	}
+}
+
+// takeOver makes this process, whose server answers, the owner of the node its owner handed over: the
+// leases of every live instance with their rules at once, and new UDP packets steered to this process.
+func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Reconciler) {
 	life := n.lifeContext()
 	n.mu.Lock()
 	if n.handoff.successor != q {
@@ -166,7 +204,7 @@ func (n *node) succeed(in *instance, q *nodelocal.Successor) {
 	n.handoff.successor = nil
 	q.Close()
 	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
-	err = n.acquireAnswering(in.ctx)
+	err := n.acquireAnswering(in.ctx)
 	n.ensureRepairLoop(life)
 	n.watchSuccessor(life)
 	n.updateGauges()
@@ -177,6 +215,45 @@ func (n *node) succeed(in *instance, q *nodelocal.Successor) {
 		log.Infof("took the node over from %s", n.handoff.successorOf)
 	}
 	n.steerToThisProcess(life, in)
+}
+
+// ownBeforeAnswering makes this process the owner of a node its owner let go of before this server
+// answered: it starts as an owner does (the addresses of every live instance now, their rules, which
+// take the node back from the cluster DNS the owner handed it to, once the server answers its probes,
+// which as the owner it sends with the probe exemption). Until then the node is the cluster DNS's, and the
+// probes say why the rules wait. Nothing is steered: the old owner's sockets are drained and closing.
+func (n *node) ownBeforeAnswering(q *nodelocal.Successor, rec *nodelocal.Reconciler) {
+	life := n.lifeContext()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.handoff.successor != q {
+		rec.Close()
+		return
+	}
+	n.handoff.successor = nil
+	q.Close()
+	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
+	var errs []error
+	for in := range n.live {
+		ctx, cancel := context.WithTimeout(in.ctx, acquireTimeout)
+		_, err := n.acquire(ctx, in)
+		cancel()
+		errs = append(errs, err)
+	}
+	n.ensureRepairLoop(life)
+	n.watchSuccessor(life)
+	n.updateGauges()
+	if err := errors.Join(errs...); err != nil {
+		log.Errorf("%s stopped before this server answered, and taking the node over is not complete yet (retrying every %v): %v", n.handoff.successorOf, n.settings.Sync, err)
+	} else {
+		log.Infof("%s stopped before this server answered: took the node over; its rules follow once this server answers", n.handoff.successorOf)
+	}
+	if n.settings.NoRules {
+		return
+	}
+	for in := range n.live {
+		go n.probeAndEnable(in)
+	}
 }
 
 // acquireAnswering acquires the leases of every live instance, with their rules, in one sync: this server

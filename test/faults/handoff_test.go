@@ -252,13 +252,13 @@ func TestSuccessorWithABrokenCorefile(t *testing.T) {
 	}
 }
 
-// TestSuccessorThatNeverAnswersDoesNotTakeTheNode: the successor's probes never reach it (a test socket
-// in the listeners' reuseport group steers every packet to the owner's socket), so it never says it is
-// ready, and the owner keeps the node. A third instance is refused meanwhile.
-func TestSuccessorThatNeverAnswersDoesNotTakeTheNode(t *testing.T) {
-	r := newHandoverRig(t)
-	old := r.startCache()
-	var steer net.PacketConn
+// steerToTheOwner joins a socket of the test to the reuseport group of each of the cache's addresses and
+// attaches a program to the group that sends every packet to the socket that joined first, the owner's:
+// a successor started next never sees its own probes. Once the owner's socket is gone the packets go to
+// the test's socket, which answers nothing, until the caller closes it.
+func (r *rig) steerToTheOwner() []net.PacketConn {
+	r.t.Helper()
+	var socks []net.PacketConn
 	for _, addr := range []string{linkLocal, kubeDNS} {
 		err := r.n.Do(r.n.NodeNS, func() error {
 			lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
@@ -273,7 +273,7 @@ func TestSuccessorThatNeverAnswersDoesNotTakeTheNode(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			steer = pc
+			socks = append(socks, pc)
 			raw, err := pc.(*net.UDPConn).SyscallConn()
 			if err != nil {
 				return err
@@ -290,8 +290,49 @@ func TestSuccessorThatNeverAnswersDoesNotTakeTheNode(t *testing.T) {
 			return serr
 		})
 		if err != nil {
-			t.Fatal(err)
+			r.t.Fatal(err)
 		}
+	}
+	return socks
+}
+
+// TestOwnerStoppedBeforeItsSuccessorAnswers: the owner is stopped (SIGTERM: a surge rollout's controller
+// deleting the old Pod that reports not ready while its successor is queued, an eviction) before its
+// successor answers. The owner hands the node to the cluster DNS; the successor, whose probes the divert
+// would answer forever, takes the free lock within HandoffPoll, owns the node as any owner does and takes
+// it back once it answers. Not one lookup of the load is lost on the way.
+func TestOwnerStoppedBeforeItsSuccessorAnswers(t *testing.T) {
+	r := newHandoverRig(t)
+	old := r.startCache()
+	steer := r.steerToTheOwner()
+	next := r.n.Start(r.n.NodeNS, r.bin, "-conf", r.conf)
+	r.waitLog(next, "another instance owns this node", 1, 20*time.Second)
+	stopLoad := r.startLoad()
+	r.stop(old)
+	if !strings.Contains(old.Output(), "handed the node to the cluster DNS") {
+		t.Fatalf("the owner did not hand the node to the cluster DNS:\n%s", old.Output())
+	}
+	// The owner's sockets are gone; the test's stop taking the successor's packets.
+	for _, s := range steer {
+		s.Close()
+	}
+	r.waitLog(next, "stopped before this server answered: took the node over", 1, 10*time.Second)
+	r.cache = next
+	r.waitFor("the successor's rules in place", 20*time.Second, r.jumps)
+	r.checkNoLookupLost(stopLoad())
+	r.checkServedUntracked()
+	if strings.Contains(next.Output(), "answered, but not by this server") {
+		t.Logf("the successor's probes met the cluster DNS on the way (expected before it owned the node):\n%s", next.Output())
+	}
+}
+
+// TestSuccessorThatNeverAnswersDoesNotTakeTheNode: the successor's probes never reach it (a test socket
+// in the listeners' reuseport group steers every packet to the owner's socket), so it never says it is
+// ready, and the owner keeps the node. A third instance is refused meanwhile.
+func TestSuccessorThatNeverAnswersDoesNotTakeTheNode(t *testing.T) {
+	r := newHandoverRig(t)
+	old := r.startCache()
+	for _, steer := range r.steerToTheOwner() {
 		defer steer.Close()
 	}
 	next := r.n.Start(r.n.NodeNS, r.bin, "-conf", r.conf)
