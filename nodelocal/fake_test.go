@@ -38,8 +38,8 @@ type fakeNode struct {
 	marked map[rules.Family]bool
 	divert divertPlan
 	probe  bool
-	// served maps a Service ClusterIP to whether kube-proxy serves it here.
-	served map[netip.Addr]bool
+	// served maps a Service ClusterIP to the endpoints kube-proxy DNATs it to here.
+	served map[netip.Addr][]netip.AddrPort
 
 	// local holds the node's addresses other than the link's; linkAddrs the link's.
 	local     []netip.Addr
@@ -51,7 +51,7 @@ type fakeNode struct {
 
 func newFakeNode(mode rules.Mode) *fakeNode {
 	return &fakeNode{mode: mode, failures: map[string][]error{}, hooks: map[string]func(){},
-		hooked: map[rules.Family]bool{}, marked: map[rules.Family]bool{}, served: map[netip.Addr]bool{}}
+		hooked: map[rules.Family]bool{}, marked: map[rules.Family]bool{}, served: map[netip.Addr][]netip.AddrPort{}}
 }
 
 // op records an operation, runs its hook and returns its injected failure, if any. The caller holds no lock.
@@ -202,15 +202,10 @@ func (f fakeFirewall) PlanDivert(_ context.Context, fams []rules.Family, wants [
 	}
 	f.n.mu.Lock()
 	defer f.n.mu.Unlock()
-	p := divertPlan{Families: slices.Clone(fams)}
-	for _, d := range wants {
-		if slices.Contains(local, d.To) || f.n.served[d.To] {
-			p.Diverts = append(p.Diverts, d)
-		} else {
-			p.Skipped = append(p.Skipped, d)
-		}
-	}
-	return p, nil
+	p, _, err := planDivert(context.Background(), fams, wants, local, func(_ context.Context, svc netip.Addr, proto rules.Protocol, port uint16) ([]netip.AddrPort, bool, error) {
+		return slices.Clone(f.n.served[svc]), false, nil
+	})
+	return p, err
 }
 
 func (f fakeFirewall) WriteDivert(_ context.Context, p divertPlan) error {
@@ -224,6 +219,19 @@ func (f fakeFirewall) WriteDivert(_ context.Context, p divertPlan) error {
 		f.n.marked[fam] = true
 	}
 	return nil
+}
+
+func (f fakeFirewall) RefreshDivert(_ context.Context, p divertPlan) (bool, error) {
+	if err := f.n.op("RefreshDivert", len(p.Routes)); err != nil {
+		return false, rulesError("refresh divert", err)
+	}
+	f.n.mu.Lock()
+	defer f.n.mu.Unlock()
+	if !slices.ContainsFunc(p.Families, func(fam rules.Family) bool { return f.n.marked[fam] }) {
+		return false, nil
+	}
+	f.n.divert.Routes = p.Routes
+	return true, nil
 }
 
 func (f fakeFirewall) DeleteDivert(_ context.Context, fams []rules.Family) (bool, error) {

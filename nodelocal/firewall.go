@@ -2,6 +2,7 @@ package nodelocal
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -45,6 +46,10 @@ type firewall interface {
 	// WriteDivert writes the plan's divert and the marks that say the node has failed open, replacing any
 	// earlier divert.
 	WriteDivert(ctx context.Context, p divertPlan) error
+	// RefreshDivert rewrites the divert's routes with the plan's, while the marks are in place: a divert
+	// that stands follows the endpoints of kube-dns-upstream. It never marks the node again once the cache
+	// took it back (deleted the marks), and reports whether it rewrote anything.
+	RefreshDivert(ctx context.Context, p divertPlan) (bool, error)
 	// DeleteDivert deletes the divert and its marks, and reports whether there were any.
 	DeleteDivert(ctx context.Context, fams []rules.Family) (bool, error)
 	// Diverted reports whether the divert's marks are in place in any of fams: the node has failed open.
@@ -78,17 +83,57 @@ type cacheSync struct {
 type divertPlan struct {
 	// Families are those whose marks the divert writes: the node has failed open in each.
 	Families []rules.Family
-	// Diverts are the wanted diverts that reach the Service, with how (rules.Divert.Via in iptables mode).
+	// Diverts are the wanted diverts that reach the Service; Skipped those kube-proxy does not serve in any
+	// way the divert can reach.
 	Diverts []rules.Divert
-	// Skipped are the wanted diverts kube-proxy does not serve in any way the backend can reach.
 	Skipped []rules.Divert
-	// routes are the nftables backend's form of Diverts: the endpoints each address and protocol is
-	// DNATed to.
-	routes []rules.NFTDivert
+	// Routes say where each address's traffic goes, per protocol.
+	Routes []rules.DivertRoute
 }
 
 // Endpoints returns the address and DNS port of each divert: the flows a fail-open must forget.
 func (p divertPlan) Endpoints() []netip.AddrPort { return DivertEndpoints(p.Diverts) }
+
+// serviceEndpoints returns the endpoints kube-proxy DNATs a Service's ClusterIP to on a protocol and port,
+// and whether the host's own lookups diverted there need masquerading; none when kube-proxy does not serve
+// it.
+type serviceEndpoints func(ctx context.Context, clusterIP netip.Addr, proto rules.Protocol, port uint16) ([]netip.AddrPort, bool, error)
+
+// planDivert is PlanDivert for either backend, given how the backend reads kube-proxy's endpoints: per
+// wanted divert and protocol, a route to the upstream ClusterIP where that is an address of the node (IPVS
+// mode), and elsewhere to the endpoints kube-proxy DNATs it to. A divert with endpoints for neither
+// protocol is skipped; a protocol without endpoints is named in unserved.
+func planDivert(ctx context.Context, fams []rules.Family, wants []rules.Divert, local []netip.Addr, endpointsOf serviceEndpoints) (p divertPlan, unserved []string, err error) {
+	p.Families = slices.Clone(fams)
+	for _, d := range wants {
+		port := d.Port
+		if port == 0 {
+			port = DefaultDNSPort
+		}
+		served := false
+		for _, proto := range []rules.Protocol{rules.UDP, rules.TCP} {
+			route := rules.DivertRoute{From: d.From, Port: port, Protocol: proto}
+			if slices.Contains(local, d.To) {
+				route.To = []netip.AddrPort{netip.AddrPortFrom(d.To, port)}
+			} else if route.To, route.Masquerade, err = endpointsOf(ctx, d.To, proto, port); err != nil {
+				return divertPlan{}, nil, rulesError(fmt.Sprintf("read kube-proxy's endpoints of %s %s/%d", d.To, proto, port), err)
+			}
+			if len(route.To) == 0 {
+				unserved = append(unserved, fmt.Sprintf("%s %s/%d", d.To, proto, port))
+				continue
+			}
+			p.Routes = append(p.Routes, route)
+			served = true
+		}
+		if served {
+			p.Diverts = append(p.Diverts, d)
+		} else {
+			p.Skipped = append(p.Skipped, d)
+		}
+	}
+	p.Routes = rules.SortDivertRoutes(p.Routes)
+	return p, unserved, nil
+}
 
 // familiesOf returns the families of addrs, sorted, each once.
 func familiesOf(addrs []netip.Addr) []rules.Family {

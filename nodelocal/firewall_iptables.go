@@ -188,49 +188,45 @@ func (f *iptablesFirewall) CacheEndpoints(ctx context.Context) ([]rules.Endpoint
 	return rules.SortEndpoints(out), nil
 }
 
-// PlanDivert keeps, of wants, those whose upstream is an address of the node (IPVS mode: a DNAT to it, and
-// IPVS takes it from there) and those whose upstream kube-proxy serves in KUBE-SERVICES (iptables mode: a
-// jump into kube-proxy's own chain of the Service port, which picks an endpoint and DNATs to it as for the
-// ClusterIP). A DNAT to the ClusterIP would not do there: a DNAT ends the nat table's walk, so kube-proxy's
-// DNAT would never see the packet. The Service port's chain is named by a hash of the port, so it survives
-// kube-proxy's syncs; kube-proxy can only delete it (the Service or its port removed, or left without
-// endpoints) while nothing jumps to it, so the divert must not outstay the failure it bridges.
+// PlanDivert routes each wanted divert, per protocol, to the upstream ClusterIP where that is an address
+// of the node (IPVS mode: a DNAT to it, and IPVS takes it from there), and elsewhere to the endpoints
+// kube-proxy's iptables mode DNATs the ClusterIP to (its KUBE-SEP-* chains), read now. A DNAT to the
+// ClusterIP would not do there: a DNAT ends the nat table's walk, so kube-proxy's DNAT would never see the
+// packet. Nothing of the divert refers to kube-proxy's Service chains, which kube-proxy must be free to
+// delete (the Service or its endpoints gone) while a divert stands; RefreshDivert follows the endpoints.
 func (f *iptablesFirewall) PlanDivert(ctx context.Context, fams []rules.Family, wants []rules.Divert, local []netip.Addr) (divertPlan, error) {
-	p := divertPlan{Families: f.Families(fams)}
-	for _, d := range wants {
-		if slices.Contains(local, d.To) {
-			p.Diverts = append(p.Diverts, d)
-			continue
+	fams = f.Families(fams)
+	p, unserved, err := planDivert(ctx, fams, wants, local, func(ctx context.Context, svc netip.Addr, proto rules.Protocol, port uint16) ([]netip.AddrPort, bool, error) {
+		if !slices.Contains(fams, rules.FamilyOf(svc)) {
+			return nil, false, nil // no tools of the family
 		}
-		if !slices.Contains(p.Families, rules.FamilyOf(d.To)) {
-			p.Skipped = append(p.Skipped, d)
-			continue
-		}
-		port := d.Port
-		if port == 0 {
-			port = DefaultDNSPort
-		}
-		chains, masq, err := f.rules.KubeProxyServiceChains(ctx, d.To, port)
-		if err != nil {
-			return divertPlan{}, rulesError(fmt.Sprintf("look for kube-proxy's chains of %s", netip.AddrPortFrom(d.To, port)), err)
-		}
-		if len(chains) == 0 {
-			p.Skipped = append(p.Skipped, d)
-			continue
-		}
-		d.Via, d.MarkMasq = chains, masq
-		p.Diverts = append(p.Diverts, d)
+		return f.rules.KubeProxyEndpoints(ctx, svc, proto, port)
+	})
+	if err == nil && len(unserved) > 0 && len(p.Diverts) > 0 {
+		f.log.Warningf("nodelocal: kube-proxy's rules have no endpoints for %v: lookups diverted there fail until the cache is back", unserved)
 	}
-	return p, nil
+	return p, err
 }
 
 func (f *iptablesFirewall) WriteDivert(ctx context.Context, p divertPlan) error {
 	for _, fam := range p.Families {
-		if _, err := f.rules.Sync(ctx, rules.Guard(fam, p.Diverts)); err != nil {
+		if _, err := f.rules.Sync(ctx, rules.Guard(fam, p.Routes)); err != nil {
 			return rulesError(fmt.Sprintf("write the %s divert", fam), err)
 		}
 	}
 	return nil
+}
+
+func (f *iptablesFirewall) RefreshDivert(ctx context.Context, p divertPlan) (bool, error) {
+	rewrote := false
+	for _, fam := range p.Families {
+		ok, err := f.rules.RewriteGuardWhileMarked(ctx, fam, p.Routes)
+		if err != nil {
+			return rewrote, rulesError(fmt.Sprintf("rewrite the %s divert", fam), err)
+		}
+		rewrote = rewrote || ok
+	}
+	return rewrote, nil
 }
 
 func (f *iptablesFirewall) DeleteDivert(ctx context.Context, fams []rules.Family) (bool, error) {

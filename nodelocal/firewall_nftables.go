@@ -93,55 +93,34 @@ func (f *nftablesFirewall) CacheEndpoints(ctx context.Context) ([]rules.Endpoint
 // PlanDivert DNATs each wanted divert, per protocol, to the upstream ClusterIP where that is an address of
 // the node, and elsewhere to the endpoints kube-proxy's nftables table DNATs the ClusterIP to, read now: a
 // DNAT in the divert's table runs before kube-proxy's and ends NAT for the connection, so a DNAT to a
-// ClusterIP that is not local would leave the node untranslated. A divert with endpoints for neither
-// protocol is skipped.
+// ClusterIP that is not local would leave the node untranslated.
 func (f *nftablesFirewall) PlanDivert(ctx context.Context, fams []rules.Family, wants []rules.Divert, local []netip.Addr) (divertPlan, error) {
-	p := divertPlan{Families: slices.Clone(fams)}
-	var unserved []string
-	for _, d := range wants {
-		port := d.Port
-		if port == 0 {
-			port = DefaultDNSPort
-		}
-		served := false
-		for _, proto := range []rules.Protocol{rules.UDP, rules.TCP} {
-			route := rules.NFTDivert{From: d.From, Port: port, Protocol: proto}
-			if slices.Contains(local, d.To) {
-				route.To = []netip.AddrPort{netip.AddrPortFrom(d.To, port)}
-			} else {
-				eps, err := f.nft.KubeProxyEndpoints(ctx, d.To, proto, port)
-				if err != nil {
-					return divertPlan{}, rulesError(fmt.Sprintf("read kube-proxy's endpoints of %s %s/%d", d.To, proto, port), err)
-				}
-				route.To = eps
-			}
-			if len(route.To) == 0 {
-				unserved = append(unserved, fmt.Sprintf("%s %s/%d", d.To, proto, port))
-				continue
-			}
-			p.routes = append(p.routes, route)
-			served = true
-		}
-		if served {
-			p.Diverts = append(p.Diverts, d)
-		} else {
-			p.Skipped = append(p.Skipped, d)
-		}
-	}
-	if len(unserved) > 0 && len(p.Diverts) > 0 {
+	p, unserved, err := planDivert(ctx, fams, wants, local, func(ctx context.Context, svc netip.Addr, proto rules.Protocol, port uint16) ([]netip.AddrPort, bool, error) {
+		eps, err := f.nft.KubeProxyEndpoints(ctx, svc, proto, port)
+		return eps, false, err
+	})
+	if err == nil && len(unserved) > 0 && len(p.Diverts) > 0 {
 		f.log.Warningf("nodelocal: kube-proxy's nftables table has no endpoints for %v: lookups diverted there fail until the cache is back", unserved)
 	}
-	return p, nil
+	return p, err
 }
 
 func (f *nftablesFirewall) WriteDivert(ctx context.Context, p divertPlan) error {
-	for _, r := range p.routes {
-		f.log.Infof("nodelocal: diverting %s %s/%d to %v", r.From, r.Protocol, r.Port, r.To)
+	for _, r := range p.Routes {
+		f.log.Infof("nodelocal: diverting %v", r)
 	}
-	if err := f.nft.WriteGuard(ctx, p.routes); err != nil {
+	if err := f.nft.WriteGuard(ctx, p.Routes); err != nil {
 		return rulesError("write the divert (table inet "+rules.NFTablesGuardTable+")", err)
 	}
 	return nil
+}
+
+func (f *nftablesFirewall) RefreshDivert(ctx context.Context, p divertPlan) (bool, error) {
+	ok, err := f.nft.RewriteGuardWhileMarked(ctx, p.Routes)
+	if err != nil {
+		return false, rulesError("rewrite the divert (table inet "+rules.NFTablesGuardTable+")", err)
+	}
+	return ok, nil
 }
 
 func (f *nftablesFirewall) DeleteDivert(ctx context.Context, _ []rules.Family) (bool, error) {

@@ -228,6 +228,9 @@ type Guard struct {
 	mu sync.Mutex // serialises Run and FailOpen
 	// fw chooses the rules backend once the cache's rules or kube-proxy's are on the node.
 	fw *firewallChoice
+	// routes are the divert's routes as this guard last wrote them; nil when it wrote none (it found the
+	// node failed open at its start, or by a cache's hand-over).
+	routes []rules.DivertRoute
 
 	// beforeJumpRemoval, when set, runs right before the guard takes the cache's jumps out: tests use it
 	// to run a reclaim at the worst moment.
@@ -394,6 +397,7 @@ func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {
 				g.log.Warningf("nodelocal guard: took out the cache's jumps (%v) and %v again: the node stays failed open until the cache answers",
 					k.unhooked, k.addresses)
 			}
+			g.followEndpointsLocked(ctx, fw)
 			return
 		}
 		w.reclaimed, w.fails, w.successes = true, 0, 0
@@ -513,12 +517,43 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 	if !k.marked {
 		return errTakenBack
 	}
+	g.routes = plan.Routes
 	if _, err := g.forgetFlows(plan.Endpoints()); err != nil {
 		g.log.Warningf("nodelocal guard: %v", err)
 	}
 	g.log.Warningf("nodelocal guard: failed open: removed the cache's jumps and %v from %s; diverting %v",
-		k.addresses, g.cfg.Interface, plan.Diverts)
+		k.addresses, g.cfg.Interface, plan.Routes)
 	return nil
+}
+
+// followEndpointsLocked keeps the divert pointed at the endpoints kube-dns-upstream has now: it plans the
+// divert again and, when the routes differ from those in place (a cluster-DNS Pod moved, or the divert is
+// a hand-over's or an earlier guard's), rewrites them while the node stays marked failed open. A failure
+// is logged and tried again at the next recheck.
+func (g *Guard) followEndpointsLocked(ctx context.Context, fw firewall) {
+	local, err := g.nodeAddrs(ctx)
+	if err != nil {
+		g.log.Warningf("nodelocal guard: could not check the divert against kube-dns-upstream's endpoints: %v", err)
+		return
+	}
+	plan, err := fw.PlanDivert(ctx, g.fams, g.diverts, local)
+	if err != nil {
+		g.log.Warningf("nodelocal guard: could not check the divert against kube-dns-upstream's endpoints: %v", err)
+		return
+	}
+	if g.routes != nil && rules.SameDivertRoutes(plan.Routes, g.routes) {
+		return
+	}
+	rewrote, err := fw.RefreshDivert(ctx, plan)
+	switch {
+	case err != nil:
+		g.log.Warningf("nodelocal guard: could not point the divert at kube-dns-upstream's endpoints %v: %v", plan.Routes, err)
+	case rewrote:
+		if g.routes != nil {
+			g.log.Infof("nodelocal guard: kube-dns-upstream's endpoints changed: diverting %v", plan.Routes)
+		}
+		g.routes = plan.Routes
+	}
 }
 
 // writeDivert plans the divert of wants in the node's kube-proxy mode and writes it with the marks that say

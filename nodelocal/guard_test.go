@@ -148,7 +148,10 @@ func TestGuardFailsOpenAndTheCacheReclaims(t *testing.T) {
 			t.Error("the cache's jumps are still in place")
 		}
 		got, ok := e.guardChain()
-		want := rules.Guard(rules.IPv4, []rules.Divert{{From: addrA, To: guardUpstreamIP}}).Chains[0].Rules
+		want := rules.Guard(rules.IPv4, []rules.DivertRoute{
+			{From: addrA, Port: 53, Protocol: rules.UDP, To: []netip.AddrPort{netip.AddrPortFrom(guardUpstreamIP, 53)}},
+			{From: addrA, Port: 53, Protocol: rules.TCP, To: []netip.AddrPort{netip.AddrPortFrom(guardUpstreamIP, 53)}},
+		}).Chains[0].Rules
 		if !ok || !slices.EqualFunc(got, want, func(a, b rules.Rule) bool { return slices.Equal(a, b) }) {
 			t.Errorf("guard chain %v (exists %v), want %q", got, ok, want)
 		}

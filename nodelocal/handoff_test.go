@@ -17,9 +17,17 @@ const kubeProxyUpstream = `*nat
 :KUBE-MARK-MASQ - [0:0]
 :KUBE-SVC-UPSTREAMUDP0000000 - [0:0]
 :KUBE-SVC-UPSTREAMTCP0000000 - [0:0]
+:KUBE-SEP-UPSTREAMUDP0000000 - [0:0]
+:KUBE-SEP-UPSTREAMTCP0000000 - [0:0]
 -A PREROUTING -j KUBE-SERVICES
 -A KUBE-SERVICES -d 10.96.0.11/32 -p udp -m comment --comment "kube-system/kube-dns-upstream:dns cluster IP" -m udp --dport 53 -j KUBE-SVC-UPSTREAMUDP0000000
 -A KUBE-SERVICES -d 10.96.0.11/32 -p tcp -m comment --comment "kube-system/kube-dns-upstream:dns-tcp cluster IP" -m tcp --dport 53 -j KUBE-SVC-UPSTREAMTCP0000000
+-A KUBE-SVC-UPSTREAMUDP0000000 -j KUBE-SEP-UPSTREAMUDP0000000
+-A KUBE-SVC-UPSTREAMTCP0000000 -j KUBE-SEP-UPSTREAMTCP0000000
+-A KUBE-SEP-UPSTREAMUDP0000000 -s 10.244.1.2/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-UPSTREAMUDP0000000 -p udp -j DNAT --to-destination 10.244.1.2:53
+-A KUBE-SEP-UPSTREAMTCP0000000 -s 10.244.1.2/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-UPSTREAMTCP0000000 -p tcp -j DNAT --to-destination 10.244.1.2:53
 COMMIT
 `
 
@@ -39,8 +47,8 @@ func TestHandOverAndTakeBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(diverted) != 1 || diverted[0].From != addrA || len(diverted[0].Via) != 2 {
-			t.Fatalf("diverted %+v, want the link-local address through kube-proxy's two chains", diverted)
+		if len(diverted) != 1 || diverted[0].From != addrA || diverted[0].To != guardUpstreamIP {
+			t.Fatalf("diverted %+v, want the link-local address to the upstream", diverted)
 		}
 		// Queries meet the divert and kube-proxy now; the cache's answers still skip conntrack.
 		raw := e.tables()[rules.IPv4.String()+"/"+string(rules.Raw)].Chains[rules.DefaultChain]
@@ -48,8 +56,8 @@ func TestHandOverAndTakeBack(t *testing.T) {
 			t.Errorf("after HandOver: jumps %v, raw chain\n%s\nwant the jumps and the rules for answers only", e.cacheJumps(), rulesText(raw))
 		}
 		chain, ok := e.guardChain()
-		if !ok || !strings.Contains(rulesText(chain), "-j KUBE-SVC-UPSTREAMUDP0000000") {
-			t.Errorf("divert %v (exists %v), want a jump to kube-proxy's chain", chain, ok)
+		if !ok || !strings.Contains(rulesText(chain), "-j DNAT --to-destination 10.244.1.2:53") || strings.Contains(rulesText(chain), "KUBE-SVC-") {
+			t.Errorf("divert %v (exists %v), want a DNAT to the endpoint kube-proxy's rules name, and no jump to kube-proxy's chains", chain, ok)
 		}
 		// The addresses stay until the sockets are idle; then the jumps and the Service address go.
 		e.expectLinkAddrs(DefaultInterface, addrA, guardClusterIP)

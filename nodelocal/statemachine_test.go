@@ -20,6 +20,8 @@ var (
 	fakeUpstream  = netip.MustParseAddr("10.96.0.11")
 	fakeV6Local   = netip.MustParseAddr("fd00:169:254::10")
 	fakeV6Cluster = netip.MustParseAddr("fd00:96::a")
+	fakePod1      = netip.MustParseAddrPort("10.244.1.2:53")
+	fakePod2      = netip.MustParseAddrPort("10.244.2.3:53")
 )
 
 var errInjected = errors.New("injected")
@@ -150,7 +152,7 @@ func TestReconcilerOnAFakeNode(t *testing.T) {
 			if err := l.EnableRules(ctx); err != nil {
 				t.Fatal(err)
 			}
-			n.served[fakeUpstream] = true
+			n.served[fakeUpstream] = []netip.AddrPort{fakePod1}
 			h := Handover{ServiceAddresses: []netip.Addr{fakeClusterIP}, Upstream: []netip.Addr{fakeUpstream}}
 			n.resetOps()
 			diverted, err := r.HandOver(ctx, h)
@@ -274,7 +276,7 @@ func TestGuardOnAFakeNode(t *testing.T) {
 		n.cache = rules.Endpoints([]netip.Addr{addrA, fakeClusterIP}, 53, nil)
 		n.hooked[rules.IPv4] = true
 		n.linkAddrs = []netip.Addr{fakeClusterIP, addrA}
-		n.served[fakeUpstream] = true
+		n.served[fakeUpstream] = []netip.AddrPort{fakePod1}
 	}
 	// reclaim is what a cache that takes the node back does: marks, addresses, jumps.
 	reclaim := func(n *fakeNode) func() {
@@ -405,7 +407,7 @@ func TestGuardWhileFailedOpen(t *testing.T) {
 	n.cache = rules.Endpoints([]netip.Addr{addrA, fakeClusterIP}, 53, nil)
 	n.hooked[rules.IPv4] = true
 	n.linkAddrs = []netip.Addr{fakeClusterIP, addrA}
-	n.served[fakeUpstream] = true
+	n.served[fakeUpstream] = []netip.AddrPort{fakePod1}
 	n.mu.Unlock()
 	p := &fakeProbe{}
 	p.down.Store(true)
@@ -511,7 +513,7 @@ func TestGuardDualStackMarksBothFamilies(t *testing.T) {
 	n.cache = rules.Endpoints([]netip.Addr{addrA, fakeV6Cluster}, 53, nil)
 	n.hooked[rules.IPv4], n.hooked[rules.IPv6] = true, true
 	n.linkAddrs = []netip.Addr{addrA, fakeV6Cluster}
-	n.served[fakeUpstream] = true
+	n.served[fakeUpstream] = []netip.AddrPort{fakePod1}
 	n.mu.Unlock()
 	p := &fakeProbe{}
 	p.down.Store(true)
@@ -523,4 +525,94 @@ func TestGuardDualStackMarksBothFamilies(t *testing.T) {
 	if st := n.state(); st != "rules=4 hooked=[] marked=[IPv4 IPv6] link=[169.254.20.10]" {
 		t.Errorf("after failing open: %s", st)
 	}
+}
+
+// TestGuardDivertFollowsTheEndpoints: while failed open, the divert follows kube-dns-upstream's endpoints
+// (a cluster-DNS rollout during a long fail-open), rewrites nothing while they stay, never marks the node
+// again once the cache took it back, and a guard that found the node failed open (a hand-over's divert)
+// points it at the endpoints of now at its first recheck.
+func TestGuardDivertFollowsTheEndpoints(t *testing.T) {
+	ctx := context.Background()
+	cfg := GuardConfig{
+		Addresses: []netip.Addr{addrA, fakeClusterIP}, ServiceAddresses: []netip.Addr{fakeClusterIP},
+		Upstream: []netip.Addr{fakeUpstream}, FailAfter: 1, Recheck: time.Second,
+	}
+	routesTo := func(n *fakeNode) []netip.AddrPort {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		var out []netip.AddrPort
+		for _, r := range n.divert.Routes {
+			out = append(out, r.To...)
+		}
+		return out
+	}
+	t.Run("failed open by this guard", func(t *testing.T) {
+		n := newFakeNode(rules.NFT)
+		n.mu.Lock()
+		n.cache = rules.Endpoints([]netip.Addr{addrA, fakeClusterIP}, 53, nil)
+		n.hooked[rules.IPv4] = true
+		n.linkAddrs = []netip.Addr{fakeClusterIP, addrA}
+		n.served[fakeUpstream] = []netip.AddrPort{fakePod1}
+		n.mu.Unlock()
+		p := &fakeProbe{}
+		p.down.Store(true)
+		c := cfg
+		c.Logger = &recLog{t: t}
+		g := n.guard(t, c, p.probe)
+		w := &guardWatch{}
+		now := time.Unix(0, 0)
+		g.tickLocked(ctx, w, now)
+		if got := routesTo(n); !slices.Equal(got, []netip.AddrPort{fakePod1, fakePod1}) {
+			t.Fatalf("divert to %v after failing open", got)
+		}
+		n.resetOps()
+		now = now.Add(2 * time.Second)
+		g.tickLocked(ctx, w, now)
+		if slices.Contains(n.changes(), "RefreshDivert") {
+			t.Errorf("rewrote a divert whose endpoints stayed: %v", n.changes())
+		}
+		// The cluster DNS moves.
+		n.mu.Lock()
+		n.served[fakeUpstream] = []netip.AddrPort{fakePod2}
+		n.mu.Unlock()
+		now = now.Add(2 * time.Second)
+		g.tickLocked(ctx, w, now)
+		if got := routesTo(n); !slices.Equal(got, []netip.AddrPort{fakePod2, fakePod2}) {
+			t.Fatalf("divert to %v after the endpoints moved to %v", got, fakePod2)
+		}
+		// It moves again while the cache takes the node back: the divert is not written again.
+		n.mu.Lock()
+		n.served[fakeUpstream] = []netip.AddrPort{fakePod1}
+		n.mu.Unlock()
+		n.before("RefreshDivert", func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			n.unmarkLocked(rules.Families)
+		})
+		now = now.Add(2 * time.Second)
+		g.tickLocked(ctx, w, now)
+		if st := n.state(); strings.Contains(st, "marked=[IPv4]") {
+			t.Errorf("the refresh marked the node again after the cache took it back: %s", st)
+		}
+	})
+	t.Run("failed open before this guard", func(t *testing.T) {
+		n := newFakeNode(rules.NFT)
+		n.mu.Lock()
+		n.cache = rules.Endpoints([]netip.Addr{addrA, fakeClusterIP}, 53, nil)
+		n.marked[rules.IPv4] = true
+		n.divert.Routes = []rules.DivertRoute{{From: addrA, Port: 53, Protocol: rules.UDP, To: []netip.AddrPort{fakePod1}}}
+		n.linkAddrs = []netip.Addr{addrA}
+		n.served[fakeUpstream] = []netip.AddrPort{fakePod2}
+		n.mu.Unlock()
+		p := &fakeProbe{}
+		p.down.Store(true)
+		c := cfg
+		c.Logger = &recLog{t: t}
+		g := n.guard(t, c, p.probe)
+		g.state.Store(int32(GuardFailedOpen)) // as Run finds it
+		g.tickLocked(ctx, &guardWatch{}, time.Unix(0, 0))
+		if got := routesTo(n); !slices.Equal(got, []netip.AddrPort{fakePod2, fakePod2}) {
+			t.Errorf("the divert found in place points at %v, want kube-dns-upstream's endpoints of now %v", got, fakePod2)
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -20,9 +21,9 @@ const GuardChain = "NODELOCALDNS-GUARD"
 // GuardComment starts the comment of every guard rule.
 const GuardComment = "nodelocaldns-guard"
 
-// Divert sends DNS traffic for a local address of the cache to the cluster DNS, the kube-dns-upstream
-// Service, while the node has failed open: with a DNAT to the Service's ClusterIP where that is an address
-// of the node (kube-proxy's IPVS mode), or through kube-proxy's own chains of the Service (iptables mode).
+// Divert is a fail-open's wish for one local address of the cache: send its DNS traffic to the cluster
+// DNS, the kube-dns-upstream Service, while the node has failed open. How it gets there depends on the
+// node's kube-proxy mode; DivertRoute says how.
 type Divert struct {
 	// From is the cache's local address (the link-local one, which no kube-proxy rule serves).
 	From netip.Addr
@@ -30,71 +31,122 @@ type Divert struct {
 	To netip.Addr
 	// Port is the DNS port of both; 53 when zero.
 	Port uint16
-	// Via are kube-proxy's chains of the Service's DNS port (iptables mode; see
-	// Manager.KubeProxyServiceChains). A protocol with a chain jumps there: the chain picks an endpoint
-	// and DNATs to it, as it does for the ClusterIP, so no DNAT to the ClusterIP (which would end the nat
-	// table's walk before kube-proxy saw the packet) is needed. A protocol without one is DNATed to To.
-	Via []ServiceChain
-	// MarkMasq marks the host's own lookups of From (their source is From itself) for kube-proxy's
-	// masquerading, so that a cluster-DNS Pod on another node can answer them. Set it only where
-	// KUBE-MARK-MASQ exists.
-	MarkMasq bool
+}
+
+// DivertRoute sends the DNS traffic for one of the cache's local addresses over one protocol to the
+// endpoints behind the kube-dns-upstream Service while the node has failed open. A DNAT ends NAT for a
+// connection, so kube-proxy's own DNAT never sees traffic diverted before it: the route's endpoints are the
+// ClusterIP itself where that is an address of the node (IPVS mode, where IPVS takes it from there), and
+// elsewhere the endpoints kube-proxy DNATs the ClusterIP to, read from its rules. No rule of ours refers to
+// one of kube-proxy's chains, so kube-proxy can always rewrite or delete its own.
+type DivertRoute struct {
+	// From is the cache's local address, Port its DNS port.
+	From netip.Addr
+	Port uint16
+	// Protocol is the protocol diverted.
+	Protocol Protocol
+	// To are the endpoints, of From's family; traffic is spread evenly over them.
+	To []netip.AddrPort
+	// Masquerade marks the host's own lookups of From (their source is From itself) for kube-proxy's
+	// masquerading (KUBE-MARK-MASQ), so that a cluster-DNS Pod on another node can answer them. iptables
+	// only; set it where the endpoints are not on the node and KUBE-MARK-MASQ exists.
+	Masquerade bool
+}
+
+func (r DivertRoute) String() string {
+	return fmt.Sprintf("%s %s/%d to %v", r.From, r.Protocol, r.Port, r.To)
+}
+
+// SortDivertRoutes sorts routes by address, then UDP before TCP, then port, each route's endpoints too,
+// so that two plans of the same routes compare equal.
+func SortDivertRoutes(routes []DivertRoute) []DivertRoute {
+	out := slices.Clone(routes)
+	for i := range out {
+		out[i].To = slices.Clone(out[i].To)
+		slices.SortFunc(out[i].To, netip.AddrPort.Compare)
+	}
+	slices.SortFunc(out, func(a, b DivertRoute) int {
+		if c := a.From.Compare(b.From); c != 0 {
+			return c
+		}
+		if a.Protocol != b.Protocol {
+			if a.Protocol == UDP {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Port) - int(b.Port)
+	})
+	return out
+}
+
+// SameDivertRoutes reports whether a and b send the same traffic to the same endpoints.
+func SameDivertRoutes(a, b []DivertRoute) bool {
+	return slices.EqualFunc(SortDivertRoutes(a), SortDivertRoutes(b), func(x, y DivertRoute) bool {
+		return x.From == y.From && x.Port == y.Port && x.Protocol == y.Protocol && x.Masquerade == y.Masquerade && slices.Equal(x.To, y.To)
+	})
 }
 
 // Guard builds the guard's ruleset for one family: a chain in the nat table, hooked from PREROUTING (Pods)
-// and OUTPUT (the host), that DNATs UDP and TCP to each Divert's From and port to its To, and the empty
-// marker chains GuardMarks of the same name. Diverts of other families are ignored; with none the nat
-// chain is empty and only marks the node as failed open.
-func Guard(fam Family, diverts []Divert) Ruleset {
+// and OUTPUT (the host), that DNATs each route's traffic to its endpoints, spread evenly (the statistic
+// match, as kube-proxy spreads a Service's), and the empty marker chains GuardMarks of the same name. Routes
+// of other families are ignored; with none the nat chain is empty and only marks the node as failed open.
+func Guard(fam Family, routes []DivertRoute) Ruleset {
 	c := Chain{
 		Table:       NAT,
 		Name:        GuardChain,
 		Hooks:       []string{"PREROUTING", "OUTPUT"},
 		JumpComment: GuardComment + ": the node-local DNS cache failed; divert its traffic",
 	}
-	ds := slices.Clone(diverts)
-	slices.SortFunc(ds, func(a, b Divert) int {
-		if c := a.From.Compare(b.From); c != 0 {
-			return c
-		}
-		return int(a.Port) - int(b.Port)
-	})
-	for _, d := range ds {
-		from, to := d.From.Unmap(), d.To.Unmap()
-		if FamilyOf(from) != fam {
-			continue
-		}
-		port := d.Port
-		if port == 0 {
-			port = 53
-		}
-		dest := netip.AddrPortFrom(to, port).String()
-		fromNet := netip.PrefixFrom(from, from.BitLen()).String()
-		for _, proto := range []string{string(UDP), string(TCP)} {
-			match := Rule{"-d", fromNet, "-p", proto, "-m", proto, "--dport", strconv.Itoa(int(port))}
-			i := slices.IndexFunc(d.Via, func(sc ServiceChain) bool { return string(sc.Protocol) == proto })
-			if i < 0 {
-				c.Rules = append(c.Rules, append(match,
-					"-m", "comment", "--comment", fmt.Sprintf("%s: %s %s/%d to %s", GuardComment, from, proto, port, to),
-					"-j", "DNAT", "--to-destination", dest))
-				continue
-			}
-			if d.MarkMasq {
-				c.Rules = append(c.Rules, append(Rule{"-s", fromNet}, append(slices.Clone(match),
-					"-m", "comment", "--comment", fmt.Sprintf("%s: masquerade host lookups of %s %s/%d", GuardComment, from, proto, port),
-					"-j", KubeMarkMasqChain)...))
-			}
-			c.Rules = append(c.Rules, append(match,
-				"-m", "comment", "--comment", fmt.Sprintf("%s: %s %s/%d to %s through kube-proxy", GuardComment, from, proto, port, to),
-				"-j", d.Via[i].Chain))
-		}
-	}
+	c.Rules = guardRules(fam, routes)
 	chains := make([]Chain, 0, 1+len(GuardMarks))
 	chains = append(chains, c)
 	for _, t := range GuardMarks {
 		chains = append(chains, Chain{Table: t, Name: GuardChain})
 	}
 	return Ruleset{Family: fam, Chains: chains}
+}
+
+// guardRules are the nat chain's rules of Guard.
+func guardRules(fam Family, routes []DivertRoute) []Rule {
+	var out []Rule
+	for _, r := range SortDivertRoutes(routes) {
+		from := r.From.Unmap()
+		if FamilyOf(from) != fam || len(r.To) == 0 {
+			continue
+		}
+		port := r.Port
+		if port == 0 {
+			port = 53
+		}
+		proto := string(r.Protocol)
+		fromNet := netip.PrefixFrom(from, from.BitLen()).String()
+		match := Rule{"-d", fromNet, "-p", proto, "-m", proto, "--dport", strconv.Itoa(int(port))}
+		if r.Masquerade {
+			out = append(out, append(Rule{"-s", fromNet}, append(slices.Clone(match),
+				"-m", "comment", "--comment", fmt.Sprintf("%s: masquerade host lookups of %s %s/%d", GuardComment, from, proto, port),
+				"-j", KubeMarkMasqChain)...))
+		}
+		for i, to := range r.To {
+			rule := slices.Clone(match)
+			// Rule i of n takes the packet with probability 1/(n-i) when rules 0..i-1 did not: each
+			// endpoint gets 1/n. The last rule takes whatever is left.
+			if left := len(r.To) - i; left > 1 {
+				rule = append(rule, "-m", "statistic", "--mode", "random", "--probability", probability(1/float64(left)))
+			}
+			out = append(out, append(rule,
+				"-m", "comment", "--comment", fmt.Sprintf("%s: %s %s/%d to %s", GuardComment, from, proto, port, to.Addr().Unmap()),
+				"-j", "DNAT", "--to-destination", netip.AddrPortFrom(to.Addr().Unmap(), to.Port()).String()))
+		}
+	}
+	return out
+}
+
+// probability formats p as iptables-save prints the statistic match's probability, which it keeps as a
+// fraction of 2^31: written this way, a rule reads back as it was written.
+func probability(p float64) string {
+	const scale = 1 << 31
+	return strconv.FormatFloat(math.Round(p*scale)/scale, 'f', 11, 64)
 }
 
 // GuardMarks are the tables that hold the cache's jumps (NodeCache's raw and filter chains): in each, an
@@ -210,4 +262,23 @@ func (m *Manager) HasJumps(ctx context.Context, rs Ruleset) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// RewriteGuardWhileMarked replaces the rules of the guard's nat chain of family fam with those of routes, in
+// a transaction that first flushes the chain without declaring it: the transaction fails, changing nothing,
+// once the cache has deleted the chain to take the node back. It reports whether it rewrote the chain; a
+// chain gone is not an error.
+func (m *Manager) RewriteGuardWhileMarked(ctx context.Context, fam Family, routes []DivertRoute) (bool, error) {
+	var p payload
+	p.rule(NAT, "-F", GuardChain)
+	for _, r := range guardRules(fam, routes) {
+		p.rule(NAT, append([]string{"-A", GuardChain}, r...)...)
+	}
+	if err := m.restore(ctx, fam, p.bytes()); err != nil {
+		if ok, verr := m.ChainExists(ctx, fam, NAT, GuardChain); verr == nil && !ok {
+			return false, nil // taken back while we were at it
+		}
+		return false, err
+	}
+	return true, nil
 }

@@ -7,19 +7,26 @@ import (
 	"testing"
 )
 
-func testDiverts() []Divert {
-	return []Divert{
-		{From: netip.MustParseAddr("169.254.20.10"), To: netip.MustParseAddr("10.96.0.11")},
-		{From: netip.MustParseAddr("fd00:169:254::10"), To: netip.MustParseAddr("fd00:10:96::b"), Port: 53},
+// testDiverts are a fail-open's routes: the IPv4 address over UDP to three endpoints and over TCP to the
+// local upstream, the IPv6 one to the upstream.
+func testDiverts() []DivertRoute {
+	v4, v6 := netip.MustParseAddr("169.254.20.10"), netip.MustParseAddr("fd00:169:254::10")
+	return []DivertRoute{
+		{From: v4, Port: 53, Protocol: TCP, To: []netip.AddrPort{netip.MustParseAddrPort("10.96.0.11:53")}},
+		{From: v4, Port: 53, Protocol: UDP,
+			To: []netip.AddrPort{netip.MustParseAddrPort("10.244.2.3:53"), netip.MustParseAddrPort("10.244.1.2:53"), netip.MustParseAddrPort("10.244.3.4:53")}},
+		{From: v6, Port: 53, Protocol: UDP, To: []netip.AddrPort{netip.MustParseAddrPort("[fd00:10:96::b]:53")}},
 	}
 }
 
 func TestGuardRuleset(t *testing.T) {
-	rs := Guard(IPv4, testDiverts())
+	routes := testDiverts()
+	routes[1].Masquerade = true
+	rs := Guard(IPv4, routes)
 	if err := rs.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if len(rs.Chains) != 3 || rs.Chains[0].Table != NAT || len(rs.Chains[0].Rules) != 2 {
+	if len(rs.Chains) != 3 || rs.Chains[0].Table != NAT || len(rs.Chains[0].Rules) != 5 {
 		t.Fatalf("IPv4 guard ruleset: %+v", rs)
 	}
 	for i, table := range GuardMarks {
@@ -27,13 +34,22 @@ func TestGuardRuleset(t *testing.T) {
 			t.Errorf("marker chain %d: %+v, want an empty %s chain in %s with no jump", i, c, GuardChain, table)
 		}
 	}
-	want := `-d 169.254.20.10/32 -p udp -m udp --dport 53 -m comment --comment "nodelocaldns-guard: 169.254.20.10 udp/53 to 10.96.0.11" -j DNAT --to-destination 10.96.0.11:53`
-	if got := joinArgs(rs.Chains[0].Rules[0]); got != want {
-		t.Errorf("first rule\n%s\nwant\n%s", got, want)
+	// UDP first, its endpoints sorted and spread evenly, the last one taking what is left; then TCP.
+	want := []string{
+		`-s 169.254.20.10/32 -d 169.254.20.10/32 -p udp -m udp --dport 53 -m comment --comment "nodelocaldns-guard: masquerade host lookups of 169.254.20.10 udp/53" -j KUBE-MARK-MASQ`,
+		`-d 169.254.20.10/32 -p udp -m udp --dport 53 -m statistic --mode random --probability 0.33333333349 -m comment --comment "nodelocaldns-guard: 169.254.20.10 udp/53 to 10.244.1.2" -j DNAT --to-destination 10.244.1.2:53`,
+		`-d 169.254.20.10/32 -p udp -m udp --dport 53 -m statistic --mode random --probability 0.50000000000 -m comment --comment "nodelocaldns-guard: 169.254.20.10 udp/53 to 10.244.2.3" -j DNAT --to-destination 10.244.2.3:53`,
+		`-d 169.254.20.10/32 -p udp -m udp --dport 53 -m comment --comment "nodelocaldns-guard: 169.254.20.10 udp/53 to 10.244.3.4" -j DNAT --to-destination 10.244.3.4:53`,
+		`-d 169.254.20.10/32 -p tcp -m tcp --dport 53 -m comment --comment "nodelocaldns-guard: 169.254.20.10 tcp/53 to 10.96.0.11" -j DNAT --to-destination 10.96.0.11:53`,
+	}
+	for i, w := range want {
+		if got := joinArgs(rs.Chains[0].Rules[i]); got != w {
+			t.Errorf("rule %d\n%s\nwant\n%s", i, got, w)
+		}
 	}
 	v6 := Guard(IPv6, testDiverts())
-	if got := joinArgs(v6.Chains[0].Rules[1]); !strings.HasSuffix(got, "-j DNAT --to-destination [fd00:10:96::b]:53") {
-		t.Errorf("IPv6 rule %s", got)
+	if got := joinArgs(v6.Chains[0].Rules[0]); len(v6.Chains[0].Rules) != 1 || !strings.HasSuffix(got, "-j DNAT --to-destination [fd00:10:96::b]:53") {
+		t.Errorf("IPv6 rules %v", v6.Chains[0].Rules)
 	}
 	if empty := Guard(IPv4, nil); len(empty.Chains[0].Rules) != 0 || len(empty.Chains[0].Hooks) != 2 {
 		t.Errorf("guard ruleset without diverts: %+v", empty)
@@ -125,6 +141,36 @@ func TestRemoveJumpsWhileMarked(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+		}
+	})
+}
+
+// TestRewriteGuardWhileMarked: the guard's nat chain follows new routes in place, reads back as written (so
+// that a Sync after it changes nothing), and is not created again once the cache deleted it.
+func TestRewriteGuardWhileMarked(t *testing.T) {
+	inNamespace(t, func(t *testing.T, m *Manager) {
+		ctx := context.Background()
+		rs := Guard(IPv4, testDiverts())
+		if _, err := m.Sync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		moved := testDiverts()
+		moved[1].To = moved[1].To[:2]
+		if ok, err := m.RewriteGuardWhileMarked(ctx, IPv4, moved); err != nil || !ok {
+			t.Fatalf("rewrite: %v, %v", ok, err)
+		}
+		checkInPlace(t, m, Guard(IPv4, moved))
+		if res, err := m.Sync(ctx, Guard(IPv4, moved)); err != nil || res.Changed {
+			t.Errorf("a sync after the rewrite changed %v (%v): the rules do not read back as written", res.RewrittenChains, err)
+		}
+		if err := m.Delete(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := m.RewriteGuardWhileMarked(ctx, IPv4, moved); err != nil || ok {
+			t.Fatalf("rewrite after the chain went: %v, %v", ok, err)
+		}
+		if ok, err := m.ChainExists(ctx, IPv4, NAT, GuardChain); err != nil || ok {
+			t.Errorf("the rewrite created the chain again: %v, %v", ok, err)
 		}
 	})
 }

@@ -107,3 +107,60 @@ func (sc ServiceChain) String() string {
 	}
 	return fmt.Sprintf("%s %s (%s)", sc.Protocol, sc.Chain, sc.Comment)
 }
+
+// KubeProxyEndpoints returns the endpoints kube-proxy's iptables mode DNATs clusterIP to on proto and port:
+// the DNAT targets of the KUBE-SEP-* chains its Service port's chain jumps to, read now, sorted; and
+// whether the nat table has kube-proxy's KUBE-MARK-MASQ chain. None when kube-proxy does not serve the
+// address here (not in iptables mode, no such Service port, or no endpoint).
+func (m *Manager) KubeProxyEndpoints(ctx context.Context, clusterIP netip.Addr, proto Protocol, port uint16) ([]netip.AddrPort, bool, error) {
+	chains, masq, err := m.KubeProxyServiceChains(ctx, clusterIP, port)
+	if err != nil {
+		return nil, false, err
+	}
+	i := slices.IndexFunc(chains, func(sc ServiceChain) bool { return sc.Protocol == proto })
+	if i < 0 {
+		return nil, masq, nil
+	}
+	v, err := m.view(ctx, FamilyOf(clusterIP.Unmap()))
+	if err != nil {
+		return nil, false, err
+	}
+	svc, _, err := v.chain(ctx, NAT, chains[i].Chain)
+	if err != nil {
+		return nil, false, err
+	}
+	var out []netip.AddrPort
+	for _, r := range svc {
+		sep := target(r)
+		if !strings.HasPrefix(sep, "KUBE-SEP-") {
+			continue
+		}
+		rules, _, err := v.chain(ctx, NAT, sep)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, sr := range rules {
+			if ep, ok := dnatTarget(sr); ok && !slices.Contains(out, ep) {
+				out = append(out, ep)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return out, masq, nil
+}
+
+// dnatTarget returns the destination of a "-j DNAT --to-destination ADDR:PORT" rule.
+func dnatTarget(r Rule) (netip.AddrPort, bool) {
+	if target(r) != "DNAT" {
+		return netip.AddrPort{}, false
+	}
+	i := slices.Index(r, "--to-destination")
+	if i < 0 || i+1 >= len(r) {
+		return netip.AddrPort{}, false
+	}
+	ap, err := netip.ParseAddrPort(r[i+1])
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
+}

@@ -9,46 +9,29 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// NFTDivert sends the DNS traffic for one of the cache's local addresses to the endpoints behind the
-// kube-dns-upstream Service while the guard has failed open.
-type NFTDivert struct {
-	// From is the cache's local address, Port its DNS port.
-	From netip.Addr
-	Port uint16
-	// Protocol is the protocol diverted.
-	Protocol Protocol
-	// To are the endpoints, of From's family; traffic is spread evenly over them.
-	To []netip.AddrPort
-}
 
 // guardTable is the guard's table: nat chains on prerouting (Pods) and output (the host), before
 // kube-proxy's (priority dstnat - 10), that DNAT each divert to its endpoints. In nftables the first nat
 // chain that sets up a DNAT for a connection ends NAT for it, so the DNAT goes straight to endpoints, not
 // to a ClusterIP that kube-proxy would translate. With no diverts the chains are empty and the table only
 // marks the node as failed open.
-func guardTable(diverts []NFTDivert) nftTable {
+func guardTable(diverts []DivertRoute) nftTable {
 	prio := *nftables.ChainPriorityNATDest - 10
 	pre := nftChain{name: "prerouting", typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, priority: &prio}
 	out := nftChain{name: "output", typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, priority: &prio}
-	ds := slices.Clone(diverts)
-	slices.SortFunc(ds, func(a, b NFTDivert) int {
-		if c := a.From.Compare(b.From); c != 0 {
-			return c
-		}
-		if a.Protocol != b.Protocol {
-			if a.Protocol == UDP {
-				return -1
-			}
-			return 1
-		}
-		return int(a.Port) - int(b.Port)
-	})
+	rules := guardTableRules(diverts)
+	pre.rules, out.rules = rules, rules
+	return nftTable{name: NFTablesGuardTable, chains: []nftChain{{name: nftGuardMarker}, pre, out}}
+}
+
+// guardTableRules are the rules of each nat chain of guardTable.
+func guardTableRules(diverts []DivertRoute) []nftRule {
 	var rules []nftRule
-	for _, d := range ds {
+	for _, d := range SortDivertRoutes(diverts) {
 		match := append(matchAddr(d.From, true), matchPort(d.Protocol, d.Port, true)...)
 		for i, to := range d.To {
 			exprs := slices.Clone(match)
@@ -68,8 +51,7 @@ func guardTable(diverts []NFTDivert) nftTable {
 				comment: fmt.Sprintf("%s: %s %s/%d to %s", GuardComment, d.From, d.Protocol, d.Port, to)})
 		}
 	}
-	pre.rules, out.rules = rules, rules
-	return nftTable{name: NFTablesGuardTable, chains: []nftChain{{name: nftGuardMarker}, pre, out}}
+	return rules
 }
 
 // nftGuardMarker is an empty chain of the guard's table. UnhookCacheWhileMarked flushes it in the
@@ -125,7 +107,15 @@ func (n *NFTablesManager) UnhookCacheWhileMarked(ctx context.Context) (marked, r
 }
 
 // WriteGuard writes the guard's table with diverts, in one transaction, replacing any earlier one.
-func (n *NFTablesManager) WriteGuard(ctx context.Context, diverts []NFTDivert) error {
+func (n *NFTablesManager) WriteGuard(ctx context.Context, diverts []DivertRoute) error {
+	if err := checkDiverts(diverts); err != nil {
+		return err
+	}
+	return n.replaceTable(ctx, guardTable(diverts))
+}
+
+// checkDiverts checks that every divert has endpoints of its own family.
+func checkDiverts(diverts []DivertRoute) error {
 	for _, d := range diverts {
 		if len(d.To) == 0 {
 			return fmt.Errorf("divert of %s %s/%d has no endpoints", d.From, d.Protocol, d.Port)
@@ -136,7 +126,40 @@ func (n *NFTablesManager) WriteGuard(ctx context.Context, diverts []NFTDivert) e
 			}
 		}
 	}
-	return n.replaceTable(ctx, guardTable(diverts))
+	return nil
+}
+
+// RewriteGuardWhileMarked replaces the rules of the guard's nat chains with those of diverts, in one
+// transaction that flushes the guard's marker first: it fails, changing nothing, once the cache has deleted
+// the guard's table to take the node back. It reports whether it rewrote the chains; a table gone is not
+// an error.
+func (n *NFTablesManager) RewriteGuardWhileMarked(ctx context.Context, diverts []DivertRoute) (bool, error) {
+	if err := checkDiverts(diverts); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return false, nftError("open netlink", err)
+	}
+	t := inetTable(NFTablesGuardTable)
+	c.FlushChain(&nftables.Chain{Name: nftGuardMarker, Table: t})
+	for _, name := range []string{"prerouting", "output"} {
+		ch := &nftables.Chain{Name: name, Table: t}
+		c.FlushChain(ch)
+		for _, r := range guardTableRules(diverts) {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.exprs, UserData: userdata.AppendString(nil, userdata.TypeComment, r.comment)})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		if ok, verr := n.TableExists(ctx, NFTablesGuardTable); verr == nil && !ok {
+			return false, nil // taken back while we were at it
+		}
+		return false, nftError("rewrite table inet "+NFTablesGuardTable, err)
+	}
+	return true, nil
 }
 
 // DeleteGuard deletes the guard's table and reports whether there was one.

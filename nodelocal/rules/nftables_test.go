@@ -194,7 +194,7 @@ func TestNFTablesGuardAndKubeProxyEndpoints(t *testing.T) {
 	}
 
 	from := netip.MustParseAddr("169.254.20.10")
-	if err := n.WriteGuard(ctx, []NFTDivert{{From: from, Port: 53, Protocol: UDP, To: eps}, {From: from, Port: 53, Protocol: TCP, To: eps[:1]}}); err != nil {
+	if err := n.WriteGuard(ctx, []DivertRoute{{From: from, Port: 53, Protocol: UDP, To: eps}, {From: from, Port: 53, Protocol: TCP, To: eps[:1]}}); err != nil {
 		t.Fatal(err)
 	}
 	listing := nft(t, "list", "table", "inet", NFTablesGuardTable)
@@ -208,6 +208,24 @@ func TestNFTablesGuardAndKubeProxyEndpoints(t *testing.T) {
 		if !strings.Contains(listing, w) {
 			t.Errorf("guard table lacks %q:\n%s", w, listing)
 		}
+	}
+	// The divert follows the endpoints in place while the table stands, and never writes it again once the
+	// cache deleted it.
+	if ok, err := n.RewriteGuardWhileMarked(ctx, []DivertRoute{{From: from, Port: 53, Protocol: UDP, To: eps[1:]}}); err != nil || !ok {
+		t.Fatalf("rewrite: %v, %v", ok, err)
+	}
+	listing = nft(t, "list", "table", "inet", NFTablesGuardTable)
+	if !strings.Contains(listing, "ip daddr 169.254.20.10 udp dport 53 dnat ip to 10.244.2.3:53") || strings.Contains(listing, "10.244.1.2") {
+		t.Errorf("after the rewrite:\n%s", listing)
+	}
+	if _, err := n.DeleteGuard(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := n.RewriteGuardWhileMarked(ctx, []DivertRoute{{From: from, Port: 53, Protocol: UDP, To: eps}}); err != nil || ok {
+		t.Fatalf("rewrite after the table went: %v, %v", ok, err)
+	}
+	if ok, err := n.TableExists(ctx, NFTablesGuardTable); err != nil || ok {
+		t.Fatalf("the rewrite created the table again: %v, %v", ok, err)
 	}
 	if err := n.WriteGuard(ctx, nil); err != nil {
 		t.Fatal(err)

@@ -89,10 +89,11 @@ func TestGuardFailOpenTime(t *testing.T) {
 			t.Fatalf("run %d: after failing open the link holds %v, jumps left: %v", run, r.linkAddrs(), r.anyJump())
 		}
 		// iptables mode: kube-dns-upstream's ClusterIP is not local, so the link-local address is not DNATed
-		// to it (the DNAT would send it off the node) but goes through kube-proxy's chain of the Service.
-		if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); strings.Contains(out, "DNAT") ||
-			!strings.Contains(out, "-j "+simnode.KubeProxyServiceChains["kube-system/kube-dns-upstream:dns"]) {
-			t.Fatalf("run %d: the guard does not divert through kube-proxy's chain:\n%s", run, out)
+		// to it (the DNAT would send it off the node, as kube-proxy's DNAT never sees it) but to the
+		// endpoint kube-proxy's rules DNAT the Service to, without referring to kube-proxy's chains.
+		if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); strings.Contains(out, "--to-destination "+simnode.UpstreamClusterIP) ||
+			!strings.Contains(out, "--to-destination "+simnode.ClusterDNSPodIP+":53") || strings.Contains(out, "KUBE-SVC-") {
+			t.Fatalf("run %d: the guard does not divert to kube-dns-upstream's endpoint as kube-proxy's rules name it:\n%s", run, out)
 		}
 
 		// The cache comes back and takes the node back; the guard watches again.

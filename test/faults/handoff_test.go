@@ -161,14 +161,34 @@ func TestReplaceWithAGap(t *testing.T) {
 	if r.anyJump() || has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
 		t.Errorf("after the hand-over: jumps %v, link %v; want no jumps and the link-local address only", r.anyJump(), r.linkAddrs())
 	}
-	if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); !strings.Contains(out, "-j "+simnode.KubeProxyServiceChains["kube-system/kube-dns-upstream:dns"]) {
-		t.Errorf("the link-local address is not diverted through kube-proxy's chain:\n%s", out)
+	if out := r.mustIpt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); !strings.Contains(out, "--to-destination "+simnode.ClusterDNSPodIP+":53") || strings.Contains(out, "KUBE-SVC-") {
+		t.Errorf("the link-local address is not diverted to the cluster DNS's endpoint, or refers to kube-proxy's chains:\n%s", out)
 	}
 	time.Sleep(3 * time.Second) // the gap of the rolling update
 	r.startCache()
 	results := stopLoad()
 	r.checkNoLookupLost(results)
 	r.checkServedUntracked()
+}
+
+// TestKubeProxyDeletesTheUpstreamWhileDiverted: a cache that stopped without a successor left the divert
+// (a rolling update's gap, an uninstall's); kube-proxy then deletes kube-dns-upstream's chains (the Service
+// deleted, or left without endpoints). Its sync goes through, since nothing of ours refers to its chains,
+// and both addresses still answer: the link-local one through the divert's DNAT to the endpoint, the
+// kube-dns ClusterIP through kube-proxy.
+func TestKubeProxyDeletesTheUpstreamWhileDiverted(t *testing.T) {
+	r := newHandoverRig(t)
+	old := r.startCache()
+	r.stop(old)
+	if !strings.Contains(old.Output(), "handed the node to the cluster DNS") {
+		t.Fatalf("the cache did not hand the node over:\n%s", old.Output())
+	}
+	r.deleteUpstreamServiceChains()
+	for _, server := range []string{kubeDNS, linkLocal} {
+		if err := r.podQuery(server); err != nil {
+			t.Errorf("%s once kube-proxy deleted kube-dns-upstream's chains: %v", server, err)
+		}
+	}
 }
 
 // TestReplaceWithASuccessor is a rolling update with maxSurge: the new cache starts beside the old one,

@@ -93,6 +93,53 @@ func TestNFTablesGuardFailOpen(t *testing.T) {
 	}
 }
 
+// TestDivertFollowsTheUpstreamEndpoints: the guard failed the node open while kube-dns-upstream's
+// endpoint was one no Pod has; kube-proxy then moves it to the cluster-DNS Pod (a cluster-DNS rollout during
+// a long fail-open). The divert follows within the guard's recheck, and link-local lookups are answered
+// again; in both kube-proxy modes.
+func TestDivertFollowsTheUpstreamEndpoints(t *testing.T) {
+	for _, mode := range []simnode.KubeProxyMode{simnode.NFTablesMode, simnode.IPTablesMode} {
+		t.Run(string(mode), func(t *testing.T) {
+			backend := "auto"
+			if mode == simnode.IPTablesMode {
+				backend = "nft" // the rig's iptables commands are named after the flavour
+			}
+			r := newRigMode(t, backend, mode)
+			r.startCache()
+			r.startGuard()
+			const gone = "10.244.1.99"
+			r.n.SetUpstreamEndpoint(gone)
+			kill(t, r.cache, syscall.SIGKILL)
+			r.waitLog(r.guard, "failed open in", 1, time.Minute)
+			divert := func() string {
+				var out string
+				var err error
+				if mode == simnode.NFTablesMode {
+					out, err = r.nft("list", "table", "inet", "nodelocaldns-guard")
+				} else {
+					out, err = r.ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			if d := divert(); !strings.Contains(d, gone+":53") {
+				t.Fatalf("the divert does not point at kube-dns-upstream's endpoint %s:\n%s", gone, d)
+			}
+			r.n.SetUpstreamEndpoint(simnode.ClusterDNSPodIP)
+			r.waitFor("the divert follows the endpoint", 20*time.Second, func() bool {
+				d := divert()
+				return strings.Contains(d, simnode.ClusterDNSPodIP+":53") && !strings.Contains(d, gone)
+			})
+			r.waitLog(r.guard, "kube-dns-upstream's endpoints changed", 1, time.Second)
+			if err := r.podQuery(linkLocal); err != nil {
+				t.Errorf("a link-local lookup once the divert followed the endpoint: %v", err)
+			}
+		})
+	}
+}
+
 // TestNFTablesRulesRepaired: the cache's table deleted, flushed, a base chain deleted or a chain flushed
 // behind its back is put back by its sync loop (every second here). The time each repair took is logged; the
 // bound only fails a cache that does not repair.

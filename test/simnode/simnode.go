@@ -240,6 +240,46 @@ func (n *Node) installKubeProxyNFTables() {
 	}
 }
 
+// SetUpstreamEndpoint makes kube-proxy's rules send kube-dns-upstream's ClusterIP to ip:53 (UDP and TCP),
+// as kube-proxy rewrites them when the cluster-DNS Pods behind the Service move; kube-dns keeps its
+// endpoint. An ip no Pod has makes lookups through kube-dns-upstream time out.
+func (n *Node) SetUpstreamEndpoint(ip string) {
+	n.t.Helper()
+	var b strings.Builder
+	name, cmd := "", []string(nil)
+	if n.Mode == NFTablesMode {
+		for _, proto := range []string{"udp", "tcp"} {
+			svc := fmt.Sprintf("kube-system/kube-dns-upstream/%s/dns", proto)
+			svcChain := "service-" + strings.ToUpper(proto) + "DNS" + strings.ReplaceAll(UpstreamClusterIP, ".", "") + "-" + svc
+			epChain := "endpoint-" + strings.ToUpper(proto) + "EP" + strings.ReplaceAll(UpstreamClusterIP, ".", "") + "-" + svc + "__" + ip + "/53"
+			fmt.Fprintf(&b, "add chain ip kube-proxy %s\nflush chain ip kube-proxy %s\n", epChain, epChain)
+			fmt.Fprintf(&b, "add rule ip kube-proxy %s ip saddr %s jump mark-for-masquerade\nadd rule ip kube-proxy %s meta l4proto %s dnat to %s:53\n", epChain, ip, epChain, proto, ip)
+			fmt.Fprintf(&b, "flush chain ip kube-proxy %s\n", svcChain)
+			fmt.Fprintf(&b, "add rule ip kube-proxy %s ip daddr %s %s dport 53 ip saddr != 10.244.0.0/16 jump mark-for-masquerade\n", svcChain, UpstreamClusterIP, proto)
+			fmt.Fprintf(&b, "add rule ip kube-proxy %s numgen random mod 1 vmap { 0 : goto %s }\n", svcChain, epChain)
+		}
+		name, cmd = "nft", []string{"-f", "-"}
+	} else {
+		b.WriteString("*nat\n")
+		for _, port := range []struct{ name, proto string }{{"dns", "udp"}, {"dns-tcp", "tcp"}} {
+			svc := "kube-system/kube-dns-upstream:" + port.name
+			chain := KubeProxyServiceChains[svc]
+			sep := "KUBE-SEP-UPSTREAM" + strings.ToUpper(port.proto) + strings.ReplaceAll(ip, ".", "")
+			fmt.Fprintf(&b, ":%s - [0:0]\n-F %s\n", sep, sep)
+			fmt.Fprintf(&b, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n-A %s -p %s -m %s -j DNAT --to-destination %s:53\n", sep, ip, sep, port.proto, port.proto, ip)
+			fmt.Fprintf(&b, "-F %s\n", chain)
+			fmt.Fprintf(&b, "-A %s ! -s 10.244.0.0/16 -d %s/32 -p %s -m comment --comment \"%s cluster IP\" -m %s --dport 53 -j KUBE-MARK-MASQ\n",
+				chain, UpstreamClusterIP, port.proto, svc, port.proto)
+			fmt.Fprintf(&b, "-A %s -m comment --comment \"%s -> %s:53\" -j %s\n", chain, svc, ip, sep)
+		}
+		b.WriteString("COMMIT\n")
+		name, cmd = "iptables-restore", []string{"--noflush"}
+	}
+	if out, err := n.InWithInput(context.Background(), n.NodeNS, b.String(), name, cmd...); err != nil {
+		n.t.Fatalf("simnode: moving kube-dns-upstream's endpoint to %s: %v\n%s\ninput:\n%s", ip, err, out, b.String())
+	}
+}
+
 // writePodResolvConf gives the Pod namespace the resolv.conf of a ClusterFirst Pod; `ip netns exec` mounts
 // /etc/netns/<ns>/resolv.conf over /etc/resolv.conf for every command it runs there. An nsswitch.conf that
 // resolves hosts by files and DNS only, as a Pod's does, keeps glibc in the Pod from asking a resolver of
@@ -286,6 +326,17 @@ func (n *Node) command(ctx context.Context, ns, name string, args ...string) *ex
 // In runs name in namespace ns and returns its combined output.
 func (n *Node) In(ctx context.Context, ns, name string, args ...string) (string, error) {
 	out, err := n.command(ctx, ns, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s in %s: %w: %s", strings.Join(append([]string{name}, args...), " "), ns, err, out)
+	}
+	return string(out), nil
+}
+
+// InWithInput is In with stdin as the command's standard input (an iptables-restore payload, say).
+func (n *Node) InWithInput(ctx context.Context, ns, stdin, name string, args ...string) (string, error) {
+	cmd := n.command(ctx, ns, name, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("%s in %s: %w: %s", strings.Join(append([]string{name}, args...), " "), ns, err, out)
 	}
