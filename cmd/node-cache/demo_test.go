@@ -48,11 +48,11 @@ func freePort(t *testing.T) string {
 // startDemo starts examples/demo/Corefile in this process, on free ports, and returns the node cache's address.
 func startDemo(t *testing.T) string {
 	t.Helper()
-	corefile, err := os.ReadFile("../demo/Corefile")
+	corefile, err := os.ReadFile("../../examples/demo/Corefile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := strings.ReplaceAll(string(corefile), "examples/demo/", "../demo/")
+	text := strings.ReplaceAll(string(corefile), "examples/demo/", "../../examples/demo/")
 	cachePort := freePort(t)
 	for _, port := range []string{"5300", "5301", "9253", "5380", "5381"} {
 		replacement := freePort(t)
