@@ -6,7 +6,8 @@
 // CoreDNS binary.
 //
 // This root package carries plugin.cfg, the plugin order every build of ours uses, so that a CoreDNS
-// checkout (through `go generate`) and a custom main (through [Directives]) cannot drift apart.
+// checkout (through `go generate`) and a custom main (through [CompiledDirectives], as cmd/node-cache and
+// examples/coredns do) cannot drift apart.
 package nodelocaldns
 
 import (

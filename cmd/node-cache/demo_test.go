@@ -12,10 +12,12 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns"
 )
 
 func TestMain(m *testing.M) {
-	directives, err := compiledDirectives()
+	directives, err := nodelocaldns.CompiledDirectives()
 	if err == nil {
 		err = dnsserver.SetDirectives(directives)
 	}

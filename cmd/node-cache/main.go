@@ -16,6 +16,8 @@ import (
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/coremain"
 
+	"github.com/nodelocaldns/nodelocaldns"
+
 	// Every plugin upstream's k8s-dns-node-cache image compiles in (upstreamNodeCachePlugins in main_test.go),
 	// so that its ConfigMaps work unchanged, plus file and ready; nodeCachePlugins in main_test.go lists them
 	// again on purpose.
@@ -52,7 +54,7 @@ func main() {
 	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
 	applyGCPercent()   // GOGC=50 unless set (memlimit.go)
 	runSideMode()      // -guard and -preflight (guard.go, preflight.go) run here and exit
-	directives, err := compiledDirectives()
+	directives, err := nodelocaldns.CompiledDirectives()
 	if err != nil {
 		log.Fatalf("node-cache: %v", err)
 	}
