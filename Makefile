@@ -7,7 +7,7 @@ export NODELOCALDNS_REQUIRE_PRIVILEGED = 1
 
 # A node cache on 127.0.0.1:5300 in front of a stand-in cluster DNS on 127.0.0.1:5301; no root needed.
 demo:
-	$(GO) run ./examples/node-cache -conf examples/demo/Corefile
+	$(GO) run ./cmd/node-cache -conf examples/demo/Corefile
 
 # Installs golangci-lint and the system tools the tests need (as root, from Debian packages), checks (gofmt,
 # go vet, go mod tidy, golangci-lint), then runs every test.
@@ -33,7 +33,7 @@ check:
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
 
 build:
-	$(GO) build -o bin/node-cache ./examples/node-cache
+	$(GO) build -o bin/node-cache ./cmd/node-cache
 
 # Each fuzz target for FUZZTIME; `make test` runs their committed seed corpora as ordinary tests.
 FUZZTIME ?= 20s

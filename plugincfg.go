@@ -2,11 +2,12 @@
 //
 // The work is split by what each part knows: package nodelocal binds the node-local addresses and keeps the
 // NOTRACK rules (Linux only, no CoreDNS), the plugins under plugin/ adapt it to CoreDNS Corefile directives,
-// package corefile renders and checks node-cache Corefiles, and examples/node-cache wires everything into a
+// package corefile renders and checks node-cache Corefiles, and cmd/node-cache wires everything into a
 // CoreDNS binary.
 //
 // This root package carries plugin.cfg, the plugin order every build of ours uses, so that a CoreDNS
-// checkout (through `go generate`) and a custom main (through [Directives]) cannot drift apart.
+// checkout (through `go generate`) and a custom main (through [CompiledDirectives], as cmd/node-cache and
+// examples/coredns do) cannot drift apart.
 package nodelocaldns
 
 import (

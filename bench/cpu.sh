@@ -13,7 +13,7 @@
 # namespaces. The Pod asks 169.254.20.10 over its veth.
 #
 # Variants, each started afresh in the node namespace in every round, in an order that rotates:
-#   shipped   examples/node-cache with the arguments and Corefile of examples/kubernetes/nodelocaldns-iptables.yaml
+#   shipped   cmd/node-cache with the arguments and Corefile of examples/kubernetes/nodelocaldns-iptables.yaml
 #   upstream  the same build and arguments with upstream node-cache's Corefile
 #   unbound   Debian's unbound, forwarding cluster.local to kube-dns-upstream over TCP, TTLs clamped to
 #             5-30 s (5 s negative) as the Corefile does
@@ -39,7 +39,7 @@
 # On a machine shared with other work, NICE=-10 (say) runs the caches, dnsperf and the cluster DNS at that
 # nice level, so that the figures say more about the caches than about the scheduler.
 #
-# NODE_CACHE=PATH measures that build instead of building examples/node-cache as its Dockerfile does;
+# NODE_CACHE=PATH measures that build instead of building cmd/node-cache as its Dockerfile does;
 # NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build, to measure a change.
 # PERF_DIR=DIR records `perf record -e cpu-clock -g` of the cache over each PERF_PHASE (hits, mixed, misses or loaded; default mixed) into DIR
 # (build NODE_CACHE without -s for Go symbols). KEEP=1 keeps the logs. Needs root, iproute2, iptables, dnsperf and unbound (installed with apt-get when missing), go,

@@ -11,7 +11,7 @@
 # svc.cluster.local) and the node's resolver (192.0.2.53). Every address exists only in those namespaces.
 #
 # Variants, each started afresh in the node namespace in every round, in an order that rotates:
-#   shipped   examples/node-cache with the arguments and Corefile of examples/kubernetes/nodelocaldns-iptables.yaml
+#   shipped   cmd/node-cache with the arguments and Corefile of examples/kubernetes/nodelocaldns-iptables.yaml
 #   upstream  the same build and arguments with upstream node-cache's Corefile
 #             (corefile/testdata/upstream-template.Corefile, its variables filled as upstream's install does)
 #   unbound   Debian's unbound, forwarding cluster.local and the reverse zones to kube-dns-upstream over TCP and
@@ -29,7 +29,7 @@
 # dnsperf must see only NOERROR answers and at most 0.1 % of queries lost, or the run fails; the lost
 # queries are reported.
 #
-# NODE_CACHE=PATH measures that build (and PATH-full beside it, if any) instead of building examples/node-cache
+# NODE_CACHE=PATH measures that build (and PATH-full beside it, if any) instead of building cmd/node-cache
 # as its Dockerfile does (static, stripped, the lean node-cache and node-cache-full); the cluster DNS and the
 # node's resolver run it too. NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build (an
 # executable script that execs a build with other settings will do), to measure a change in the same rounds. PROFILE_DIR=DIR (with a build that has the

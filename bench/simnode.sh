@@ -46,7 +46,7 @@ simnode_cleanup() {
 }
 
 # simnode_node_cache: puts the node-cache image's two builds into $work: $NODE_CACHE (and $NODE_CACHE-full
-# beside it, when there is one) if set, else both built as examples/node-cache/Dockerfile builds them, the
+# beside it, when there is one) if set, else both built as cmd/node-cache/Dockerfile builds them, the
 # lean node-cache the manifests start and node-cache-full, which it execs for a Corefile using trace. With
 # NODE_CACHE_ALT set, that build (and its -full beside it, when there is one) becomes node-cache-alt and
 # VARIANTS gains the variant "alt".
@@ -55,9 +55,9 @@ simnode_node_cache() {
         cp "$NODE_CACHE" "$work/node-cache"
         [ ! -e "$NODE_CACHE-full" ] || cp "$NODE_CACHE-full" "$work/node-cache-full"
     else
-        echo "building examples/node-cache as its Dockerfile does (node-cache and node-cache-full)"
-        CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -tags nodecache_lean -o "$work/node-cache" ./examples/node-cache
-        CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache-full" ./examples/node-cache
+        echo "building cmd/node-cache as its Dockerfile does (node-cache and node-cache-full)"
+        CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -tags nodecache_lean -o "$work/node-cache" ./cmd/node-cache
+        CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/node-cache-full" ./cmd/node-cache
     fi
     if [ -n "${NODE_CACHE_ALT:-}" ]; then
         cp "$NODE_CACHE_ALT" "$work/node-cache-alt"

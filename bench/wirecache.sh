@@ -57,7 +57,7 @@ for p in "$upstream_port" "${port[@]}" "${metrics_port[@]}"; do
 done
 
 # The node-cache build, which compiles wirecache in.
-go build -o "$work/node-cache" ./examples/node-cache
+go build -o "$work/node-cache" ./cmd/node-cache
 
 # The zone and the queries: 16 services, A and AAAA, all answered from the caches after warm-up.
 {

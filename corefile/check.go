@@ -43,7 +43,7 @@ const (
 )
 
 // Memory a node cache needs, measured on amd64 with CoreDNS v1.15.0:
-//   - baseBytes: resident memory of examples/node-cache (clamp, upstreamsvc and wirecache compiled in)
+//   - baseBytes: resident memory of cmd/node-cache (clamp, upstreamsvc and wirecache compiled in)
 //     serving the rendered iptables Corefile on loopback with empty caches: 42.7 to 43.9 MB over three runs.
 //   - cacheEntryBytes: resident memory per cache entry. BenchmarkCacheEntryMemory measures 495 heap bytes
 //     for a positive entry and 535 for a negative one; the Go collector lets the heap grow to about twice

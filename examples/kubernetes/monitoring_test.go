@@ -166,9 +166,9 @@ func checkExpr(t *testing.T, what, expr string, exported map[string]bool) {
 // constants and plugin.Namespace, plus the _bucket, _sum and _count series of histograms and summaries.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Dir}}", "../node-cache").Output()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Dir}}", "../../cmd/node-cache").Output()
 	if err != nil {
-		t.Fatalf("go list -deps ../node-cache: %v", err)
+		t.Fatalf("go list -deps ../../cmd/node-cache: %v", err)
 	}
 	names := map[string]bool{}
 	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {

@@ -155,21 +155,30 @@ func SteerTo(network Network, local netip.AddrPort, index uint32) error {
 // its reuseport group.
 const MigrateReq = "/proc/sys/net/ipv4/tcp_migrate_req"
 
-// MigrateListeners turns net.ipv4.tcp_migrate_req on in the calling process's network namespace, and
-// reports whether it was off. It fails where /proc/sys is read-only (a container that is not privileged)
-// or the kernel predates the setting (5.14).
-func MigrateListeners() (changed bool, err error) {
+// MigrateListeners turns net.ipv4.tcp_migrate_req on in the calling process's network namespace. When it
+// was off it returns a function that turns it off again, for once the listeners it was for have closed;
+// otherwise nil. It fails where /proc/sys is read-only (a container that is not privileged) or the kernel
+// predates the setting (5.14).
+func MigrateListeners() (restore func() error, err error) {
 	b, err := os.ReadFile(MigrateReq)
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", MigrateReq, err)
+		return nil, fmt.Errorf("read %s: %w", MigrateReq, err)
 	}
-	if strings.TrimSpace(string(b)) == "1" {
-		return false, nil
+	was := strings.TrimSpace(string(b))
+	if was == "1" {
+		return nil, nil
 	}
-	if err := os.WriteFile(MigrateReq, []byte("1\n"), 0o644); err != nil { //nolint:gosec // a sysctl: the file exists, the mode is unused
-		return false, fmt.Errorf("set %s: %w", MigrateReq, err)
+	if err := writeSysctl("1"); err != nil {
+		return nil, err
 	}
-	return true, nil
+	return func() error { return writeSysctl(was) }, nil
+}
+
+func writeSysctl(value string) error {
+	if err := os.WriteFile(MigrateReq, []byte(value+"\n"), 0o644); err != nil { //nolint:gosec // a sysctl: the file exists, the mode is unused
+		return fmt.Errorf("set %s to %s: %w", MigrateReq, value, err)
+	}
+	return nil
 }
 
 // Unsteer gives the group of local back to the kernel's hash. It is a no-op for a group without a program.

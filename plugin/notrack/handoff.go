@@ -305,39 +305,42 @@ func (in *instance) probeTargets() []probeTarget {
 	return slices.CompactFunc(targets, func(a, b probeTarget) bool { return a.endpoint == b.endpoint })
 }
 
-// steerToThisProcess sends every new UDP packet for the instance's endpoints to this process's sockets,
-// checks that it works, and lets the old process's TCP listeners hand their accept queues over when they
-// close. Once the old sockets have left the groups it gives them back to the kernel's hash.
+// steerToThisProcess sends every new UDP packet for the instance's endpoints to this process's sockets
+// (drain.TakeOver, which wirecache's fast path then leaves alone), checks that it works, and lets the old
+// process's TCP listeners hand their accept queues over when they close. Once the old sockets have left
+// the groups it ends the takeover and turns net.ipv4.tcp_migrate_req back off if it turned it on.
 func (n *node) steerToThisProcess(life context.Context, in *instance) {
-	if changed, err := drain.MigrateListeners(); err != nil {
+	restore, err := drain.MigrateListeners()
+	if err != nil {
 		log.Warningf("TCP connections that wait in the old instance's accept queue will be reset when it stops: %v", err)
-	} else if changed {
-		log.Infof("set net.ipv4.tcp_migrate_req to 1: a closing TCP listener hands its waiting connections to this one")
+	} else if restore != nil {
+		log.Infof("set net.ipv4.tcp_migrate_req to 1 until the old instance has stopped: a closing TCP listener hands its waiting connections to this one")
 	}
 	var steered []probeTarget
 	for _, t := range in.probeTargets() {
 		local := netip.AddrPortFrom(t.addr, t.port)
-		size, err := drain.SteerToNewest(drain.UDP, local)
+		size, err := drain.TakeOver(local)
 		if err != nil {
 			log.Warningf("lookups queued at the old instance on %s may be lost when it stops: %v", local, err)
 			continue
 		}
 		if size < 2 {
-			_ = drain.Unsteer(drain.UDP, local) // nobody else is there any more
+			_ = drain.EndTakeOver(local) // nobody else is there any more
 			continue
 		}
 		if err := probeEach(life, t, steerProbes); err != nil {
-			_ = drain.Unsteer(drain.UDP, local)
+			_ = drain.EndTakeOver(local)
 			log.Warningf("could not steer new lookups on %s to this instance (%v); lookups queued at the old instance may be lost when it stops", local, err)
 			continue
 		}
 		steered = append(steered, t)
 	}
-	if len(steered) == 0 {
-		return
+	if len(steered) > 0 {
+		log.Infof("steering new lookups on %s to this instance until the old one has stopped", targetList(steered))
 	}
-	log.Infof("steering new lookups on %s to this instance until the old one has stopped", targetList(steered))
-	go n.unsteerWhenAlone(life, steered)
+	if len(steered) > 0 || restore != nil {
+		go n.endTakeOverWhenAlone(life, in.probeTargets(), steered, restore)
+	}
 }
 
 // probeEach sends count probes to t, each from a source port of its own, and fails unless this server
@@ -354,31 +357,43 @@ func probeEach(ctx context.Context, t probeTarget, count int) error {
 	return nil
 }
 
-// unsteerWhenAlone gives each group back to the kernel's hash once only this process's sockets are in it,
-// so that the next successor starts from the usual spreading.
-func (n *node) unsteerWhenAlone(life context.Context, targets []probeTarget) {
+// endTakeOverWhenAlone ends the takeover of each steered group once only this process's sockets are in it,
+// giving it back to the kernel's hash, so that the next successor starts from the usual spreading; and once
+// the old process's TCP listeners on every endpoint are gone too, it turns tcp_migrate_req back to what it
+// was (restore, when it changed it).
+func (n *node) endTakeOverWhenAlone(life context.Context, all, steered []probeTarget, restore func() error) {
 	deadline := time.Now().Add(unsteerTimeout)
 	t := time.NewTicker(orphanPoll)
 	defer t.Stop()
-	for len(targets) > 0 {
+	alone := func(network drain.Network, pt probeTarget) bool {
+		group, err := drain.Group(network, netip.AddrPortFrom(pt.addr, pt.port))
+		return err == nil && !slices.ContainsFunc(group, func(s drain.Socket) bool { return s.FD < 0 })
+	}
+	listeners := slices.Clone(all)
+	for len(steered) > 0 || len(listeners) > 0 {
 		select {
 		case <-life.Done():
 			return
 		case <-t.C:
 		}
-		targets = slices.DeleteFunc(targets, func(pt probeTarget) bool {
-			local := netip.AddrPortFrom(pt.addr, pt.port)
-			group, err := drain.Group(drain.UDP, local)
-			if err != nil || slices.ContainsFunc(group, func(s drain.Socket) bool { return s.FD < 0 }) {
+		steered = slices.DeleteFunc(steered, func(pt probeTarget) bool {
+			if !alone(drain.UDP, pt) {
 				return false
 			}
-			if err := drain.Unsteer(drain.UDP, local); err != nil {
+			if err := drain.EndTakeOver(netip.AddrPortFrom(pt.addr, pt.port)); err != nil {
 				log.Warningf("%v", err)
 			}
 			return true
 		})
+		listeners = slices.DeleteFunc(listeners, func(pt probeTarget) bool { return alone(drain.TCP, pt) })
+		if len(listeners) == 0 && restore != nil {
+			if err := restore(); err != nil {
+				log.Warningf("turning net.ipv4.tcp_migrate_req back off: %v", err)
+			}
+			restore = nil
+		}
 		if time.Now().After(deadline) {
-			log.Warningf("the old instance still listens on %s after %v; new lookups stay steered to this one", targetList(targets), unsteerTimeout)
+			log.Warningf("the old instance still listens on %s after %v; new lookups stay steered to this one", targetList(append(steered, listeners...)), unsteerTimeout)
 			return
 		}
 	}

@@ -149,7 +149,7 @@ func (fp *fastPath) stop() {
 	<-fp.steerDone
 	if group, err := drain.Group(drain.UDP, fp.local); err != nil {
 		log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
-	} else if !hasForeign(group) {
+	} else if !hasForeign(group) && !drain.TakingOver(fp.local) {
 		if err := fp.steer(context.Background(), group, false); err != nil {
 			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
 		}
@@ -178,7 +178,8 @@ func (fp *fastPath) stop() {
 }
 
 // keepSteered steers the group to the fast path's socket, and checks every steerCheck who is in the group.
-// While another process has sockets there (a successor that must prove it answers, then takes the node
+// While this process takes the address over from an older one (drain.TakingOver) it leaves the group's
+// program to the takeover. While another process has sockets there (a successor that must prove it answers, then takes the node
 // over and steers the group itself), the fast path gives the group back to the kernel's hash once, if it
 // was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
 // checks with a probe every steerVerify that packets still come to it. Each round also ends the goroutines
@@ -217,6 +218,10 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 				log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
 				lastErr = msg
 			}
+		case drain.TakingOver(fp.local):
+			// This process takes the address over from an older one: the takeover owns the group's
+			// program until the older sockets are gone (see drain.TakeOver).
+			setSteered(false)
 		case hasForeign(group):
 			if yielded {
 				break

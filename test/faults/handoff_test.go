@@ -213,6 +213,78 @@ func TestReplaceWithASuccessor(t *testing.T) {
 	r.cache = next
 }
 
+// surgeReplacements is how many surge replacements in a row TestSurgeReplacementsLoseNothing makes.
+const surgeReplacements = 20
+
+// TestSurgeReplacementsLoseNothing replaces the cache surgeReplacements times in a row, each the way a
+// rolling update with maxSurge does (the new cache beside the old one, taking the node over once it
+// answers, the old one SIGTERMed once it let go), under load over UDP and over TCP to both addresses, in
+// both kube-proxy modes: not one lookup may be lost. The successor turns net.ipv4.tcp_migrate_req on for
+// the old listeners' accept queues and back off once they are gone.
+func TestSurgeReplacementsLoseNothing(t *testing.T) {
+	for _, mode := range []simnode.KubeProxyMode{simnode.IPTablesMode, simnode.NFTablesMode} {
+		t.Run(string(mode), func(t *testing.T) {
+			backend := "nft"
+			if mode == simnode.NFTablesMode {
+				backend = "auto"
+			}
+			r := newRigWith(t, backend, mode, true)
+			r.handover, r.wirecache = true, true
+			r.writeCorefile(r.corefile(53))
+			migrateReq := func() string {
+				out, err := r.n.In(context.Background(), r.n.NodeNS, "sysctl", "-n", "net.ipv4.tcp_migrate_req")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.TrimSpace(out)
+			}
+			before := migrateReq()
+			cache := r.startCache()
+			done := make(chan struct{})
+			tcpResults := map[string]simnode.LoadResult{}
+			var tcpLoad sync.WaitGroup
+			var tcpMu sync.Mutex
+			for _, server := range []string{kubeDNS, linkLocal} {
+				tcpLoad.Go(func() {
+					res, err := r.n.RunTCPLoad(context.Background(), r.n.PodNS, simnode.Load{
+						Server: server, Name: "kubernetes.default.svc.cluster.local",
+						Rate: 100, Duration: restartLoadMin, Until: done, Timeout: time.Second, Sockets: 50,
+					})
+					if err != nil {
+						t.Errorf("TCP load to %s: %v", server, err)
+					}
+					tcpMu.Lock()
+					tcpResults[server] = res
+					tcpMu.Unlock()
+				})
+			}
+			stopLoad := r.startLoad()
+			for i := range surgeReplacements {
+				next := r.startSuccessor()
+				r.waitLog(cache, "handed the node over", 1, 10*time.Second)
+				r.stop(cache)
+				if !strings.Contains(cache.Output(), "left the link, the addresses and the rules to the successor") {
+					t.Fatalf("replacement %d: the old cache did not leave the node to its successor:\n%s", i+1, cache.Output())
+				}
+				cache, r.cache = next, next
+			}
+			results := stopLoad()
+			close(done)
+			tcpLoad.Wait()
+			r.checkNoLookupLost(results)
+			for _, server := range []string{kubeDNS, linkLocal} {
+				res := tcpResults[server]
+				t.Logf("%s over TCP: %v", server, res)
+				if res.Failed() != 0 || res.Sent == 0 {
+					t.Errorf("%s over TCP: %d of %d lookups failed (%v)", server, res.Failed(), res.Sent, res)
+				}
+			}
+			r.checkServedUntracked()
+			r.waitFor("tcp_migrate_req back to "+before, 10*time.Second, func() bool { return migrateReq() == before })
+		})
+	}
+}
+
 // TestTwoQuickRestarts restarts the cache twice in a row, each new one started as soon as the old one
 // exited, under load.
 func TestTwoQuickRestarts(t *testing.T) {

@@ -35,7 +35,7 @@ const waitLimit = 2 * time.Minute
 // strict is how every object goes in: an unknown or duplicate field is an error, not a warning.
 var strict = metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}
 
-// nodeCacheBinary builds examples/node-cache once per test binary.
+// nodeCacheBinary builds cmd/node-cache once per test binary.
 var nodeCacheBinary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "kubeapi-node-cache-")
 	if err != nil {

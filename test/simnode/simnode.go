@@ -540,7 +540,7 @@ func (n *Node) WaitForDNS(ns, network, server, name string, timeout time.Duratio
 	}
 }
 
-// BuildNodeCache builds examples/node-cache into dir as its image holds it, the lean build as node-cache and
+// BuildNodeCache builds cmd/node-cache into dir as its image holds it, the lean build as node-cache and
 // the full one beside it as node-cache-full, and returns the lean one's path: the binary the manifests start,
 // which runs the full one for a Corefile that needs it. Tests call it once, from TestMain, and use the binary
 // for the cluster-DNS Pod, the node's resolver and the node cache alike.
@@ -552,13 +552,13 @@ func BuildNodeCache(ctx context.Context, dir string) (string, error) {
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	binary := filepath.Join(dir, "node-cache")
 	for _, args := range [][]string{
-		{"build", "-tags", "nodecache_lean", "-o", binary, "./examples/node-cache"},
-		{"build", "-o", binary + "-full", "./examples/node-cache"},
+		{"build", "-tags", "nodecache_lean", "-o", binary, "./cmd/node-cache"},
+		{"build", "-o", binary + "-full", "./cmd/node-cache"},
 	} {
 		build := exec.CommandContext(ctx, "go", args...)
 		build.Dir = root
 		if out, err := build.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("building examples/node-cache (go %s): %w: %s", strings.Join(args, " "), err, out)
+			return "", fmt.Errorf("building cmd/node-cache (go %s): %w: %s", strings.Join(args, " "), err, out)
 		}
 	}
 	return binary, nil

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns"
 )
 
 func TestNeedsFull(t *testing.T) {
@@ -163,7 +165,7 @@ func TestLeanBuildPairIsComplete(t *testing.T) {
 	lean, full := buildPairFor(t, t.TempDir())
 	leanPlugins, fullPlugins := dnsPlugins(t, lean), dnsPlugins(t, full)
 	var want []string
-	for name := range registeredDNSPlugins() {
+	for name := range nodelocaldns.RegisteredPlugins() {
 		want = append(want, name)
 	}
 	slices.Sort(want)

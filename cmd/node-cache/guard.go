@@ -19,11 +19,10 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
-// guardFlags are the flags of the -guard mode. It shares -localip, -interfacename, -upstreamsvc,
-// -metrics-listen-address and CoreDNS's -dns.port with the drop-in mode, so the guard container's
-// arguments repeat the cache's.
+// guardFlags are the -guard mode's own flags. The mode reads -localip, -interfacename, -upstreamsvc,
+// -metrics-listen-address and CoreDNS's -dns.port of the cache's flags, so the guard container's arguments
+// repeat the cache's.
 type guardFlags struct {
-	enabled      bool
 	serviceIPs   string
 	upstreamIPs  string
 	backend      string
@@ -38,10 +37,9 @@ type guardFlags struct {
 
 func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	g := &guardFlags{}
-	fs.BoolVar(&g.enabled, "guard", false, "run the fail-open guard beside the cache instead of the cache (see nodelocal.Guard)")
 	fs.StringVar(&g.serviceIPs, "guard.serviceips", "", "those of -localip that are kube-proxy Service ClusterIPs, removed from the link when failing open; default $KUBE_DNS_SERVICE_HOST when it is one of them")
 	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST")
-	fs.StringVar(&g.backend, "guard.backend", "auto", "rules backend: auto, legacy, nft (iptables flavours) or nftables")
+	registerBackendFlag(fs, &g.backend)
 	fs.StringVar(&g.lockPath, "guard.lockpath", nodelocal.DefaultGuardLockPath, "the guard's lock file (one guard per node)")
 	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds")
 	fs.DurationVar(&g.timeout, "guard.timeout", nodelocal.DefaultGuardProbeTimeout, "timeout of each probe")
@@ -52,7 +50,32 @@ func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	return g
 }
 
-var guardOpts = registerGuardFlags(flag.CommandLine)
+// registerBackendFlag defines -guard.backend on fs, into backend: the guard's flag, which -preflight,
+// -verify and -cleanup read too.
+func registerBackendFlag(fs *flag.FlagSet, backend *string) {
+	fs.StringVar(backend, "guard.backend", "auto", "rules backend: auto, legacy, nft (iptables flavours) or nftables")
+}
+
+// guardMode is the -guard mode with its flag set.
+type guardMode struct {
+	fs    *flag.FlagSet
+	cache *nodeCacheFlags
+	guard *guardFlags
+}
+
+// newGuardMode defines the -guard mode's flags, the cache's and its own, on fs (see newModeFlagSet).
+func newGuardMode(fs *flag.FlagSet) *guardMode {
+	return &guardMode{fs: fs, cache: registerNodeCacheFlags(fs), guard: registerGuardFlags(fs)}
+}
+
+// run runs the -guard mode once its flag set is parsed and returns the exit status.
+func (m *guardMode) run() int {
+	if err := runGuard(m.fs, m.cache, m.guard); err != nil {
+		log.Errorf("-guard: %v", err)
+		return 1
+	}
+	return 0
+}
 
 // guardConfig builds the guard's configuration from the flags; getenv reads the Service variables
 // Kubernetes gives every container.

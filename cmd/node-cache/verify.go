@@ -25,30 +25,54 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
-// verifyFlags are the flags of the -verify mode. It shares -localip, -interfacename, -health-port,
-// -kubednscm and CoreDNS's -dns.port with the drop-in mode, and -guard.backend with the guard, so that it
-// runs with the cache's own arguments.
+// verifyFlags are the -verify mode's own flags. The mode reads -localip, -interfacename, -upstreamsvc,
+// -health-port, -kubednscm, -corefile, -prometheus-listen-address and CoreDNS's -conf and -dns.port of the
+// cache's flags, and -guard.backend of the guard's, so that it runs with the cache's own arguments.
 type verifyFlags struct {
-	enabled   bool
 	domain    string
 	name      string
 	external  string
 	readyPort string
 	timeout   time.Duration
+	backend   string
 }
 
 func registerVerifyFlags(fs *flag.FlagSet) *verifyFlags {
 	v := &verifyFlags{}
-	fs.BoolVar(&v.enabled, "verify", false, "check a node after the rollout (link and addresses, rules and their position, answers on every -localip address, lookups untracked by conntrack, readiness), print a table and exit non-zero on any failure")
 	fs.StringVar(&v.domain, "verify.domain", corefile.DefaultClusterDomain, "the cluster domain")
 	fs.StringVar(&v.name, "verify.name", "", "a cluster name that must resolve; default kubernetes.default.svc.<domain>; its address is also looked up in reverse")
 	fs.StringVar(&v.external, "verify.external", "kubernetes.io", "a name outside the cluster that must resolve")
 	fs.StringVar(&v.readyPort, "verify.readyport", strconv.Itoa(corefile.DefaultReadyPort), "port of the ready plugin on the first -localip address")
 	fs.DurationVar(&v.timeout, "verify.timeout", 2*time.Second, "timeout of each lookup and HTTP check")
+	registerBackendFlag(fs, &v.backend)
 	return v
 }
 
-var verifyOpts = registerVerifyFlags(flag.CommandLine)
+// verifyMode is the -verify mode with its flag set.
+type verifyMode struct {
+	fs     *flag.FlagSet
+	cache  *nodeCacheFlags
+	verify *verifyFlags
+}
+
+// newVerifyMode defines the -verify mode's flags, the cache's and its own, on fs (see newModeFlagSet).
+func newVerifyMode(fs *flag.FlagSet) *verifyMode {
+	return &verifyMode{fs: fs, cache: registerNodeCacheFlags(fs), verify: registerVerifyFlags(fs)}
+}
+
+// run runs the -verify mode once its flag set is parsed and returns the exit status.
+func (m *verifyMode) run() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := runVerify(ctx, os.Stdout, m.fs, m.cache, m.verify); err != nil {
+		log.Errorf("-verify: %v", err)
+		if errors.Is(err, errUpstreamUnreachable) {
+			return exitUpstreamUnreachable
+		}
+		return 1
+	}
+	return 0
+}
 
 // errVerifyFailed is returned when a check of the cache failed; the table says which.
 var errVerifyFailed = errors.New("verification failed")
@@ -119,8 +143,8 @@ func (v *verifier) add(check, target string, ok bool, format string, args ...any
 }
 
 // runVerify is the -verify mode: it runs every check and prints the table to w.
-func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verifyFlags) error {
-	v, err := newVerifier(fs, nc, g, vf)
+func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCacheFlags, vf *verifyFlags) error {
+	v, err := newVerifier(fs, nc, vf)
 	if err != nil {
 		return err
 	}
@@ -174,7 +198,7 @@ func printResults(w io.Writer, results []verifyResult) error {
 	return nil
 }
 
-func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verifyFlags) (*verifier, error) {
+func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, vf *verifyFlags) (*verifier, error) {
 	v := &verifier{iface: nc.interfaceName, domain: strings.TrimSuffix(vf.domain, "."), external: vf.external, timeout: vf.timeout,
 		upstreamService: defaultVerifyUpstreamSvc, lookupEnv: os.LookupEnv, answeredOn: map[netip.Addr]bool{}}
 	var errs []error
@@ -196,7 +220,7 @@ func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags, vf *verify
 	if metrics := cacheMetricsAddress(nc.prometheusListenAddress, conf, v.listen); metrics != "" {
 		v.metricsURL = "http://" + metrics + "/metrics"
 	}
-	if v.backend, err = nodelocal.ParseBackend(g.backend); err != nil {
+	if v.backend, err = nodelocal.ParseBackend(vf.backend); err != nil {
 		errs = append(errs, fmt.Errorf("-guard.backend: %w", err))
 	}
 	if v.dnsPort, err = parsePort(lookupFlag(fs, "dns.port", "53")); err != nil {

@@ -16,15 +16,30 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/atomicfile"
 )
 
-// newFlagSet returns a flag set with node-cache's flags and stand-ins for the three of coremain's that
-// they read (coremain defines the real ones on the command line).
-func newFlagSet() (*flag.FlagSet, *nodeCacheFlags) {
+// coreDNSStandIns returns a flag set with stand-ins for the three of coremain's flags that node-cache's flags
+// read (coremain defines the real ones on the command line, where a test must not change them).
+func coreDNSStandIns() *flag.FlagSet {
 	fs := flag.NewFlagSet("node-cache", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.String("conf", "", "")
 	fs.String("dns.port", "53", "")
 	fs.String("pidfile", "", "")
-	return fs, registerNodeCacheFlags(fs)
+	return fs
+}
+
+// newFlagSet returns the cache's flag set, as runCache defines it, on the stand-ins for CoreDNS's flags.
+func newFlagSet() (*flag.FlagSet, *nodeCacheFlags) {
+	fs := coreDNSStandIns()
+	return fs, registerCacheFlags(fs)
+}
+
+// newSideModeFlagSet returns the flag set of the side mode name, as newModeFlagSet makes it, on the
+// stand-ins for CoreDNS's flags, with parse errors returned instead of exiting.
+func newSideModeFlagSet(name string) *flag.FlagSet {
+	fs := newModeFlagSet(name, coreDNSStandIns())
+	fs.Init(fs.Name(), flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
 }
 
 func parseDropIn(t *testing.T, args ...string) (*corefile.DropIn, *flag.FlagSet, error) {

@@ -4,7 +4,9 @@
 // the order of the repository's plugin.cfg. Without -localip it is plain CoreDNS (-conf, -dns.port,
 // -pidfile, SIGUSR1 reload, SIGTERM shutdown). With -localip it is a drop-in for upstream's node-cache
 // binary: its flags expand a base Corefile and the kube-dns ConfigMap into the Corefile it serves (see
-// flags.go and dropin.go).
+// flags.go and dropin.go). That is the cache (cache.go); -guard, -preflight, -verify and -cleanup select the
+// other modes (guard.go, preflight.go, verify.go, cleanup.go), each with a flag set of its own that takes the
+// cache's flags too (modes.go). main only selects the mode and runs it.
 //
 // It comes in two builds that ship side by side (see full.go): the lean one (-tags nodecache_lean, the
 // image's /node-cache) leaves out trace, whose tracing libraries cost several MiB of memory per node
@@ -13,8 +15,8 @@
 package main
 
 import (
-	"github.com/coredns/coredns/core/dnsserver"
-	"github.com/coredns/coredns/coremain"
+	"flag"
+	"os"
 
 	// Every plugin upstream's k8s-dns-node-cache image compiles in (upstreamNodeCachePlugins in main_test.go),
 	// so that its ConfigMaps work unchanged, plus file and ready; nodeCachePlugins in main_test.go lists them
@@ -51,17 +53,15 @@ import (
 func main() {
 	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
 	applyGCPercent()   // GOGC=50 unless set (memlimit.go)
-	runSideMode()      // -guard and -preflight (guard.go, preflight.go) run here and exit
-	directives, err := compiledDirectives()
+	args := os.Args[1:]
+	mode, err := selectMode(args, flag.CommandLine) // modes.go
 	if err != nil {
-		log.Fatalf("node-cache: %v", err)
+		log.Errorf("%v", err)
+		os.Exit(2)
 	}
-	if err := dnsserver.SetDirectives(directives); err != nil {
-		log.Fatalf("node-cache: setting the directive order: %v", err)
+	if mode == nil {
+		runCache(args) // cache.go
+		return
 	}
-	if err := startDropIn(directives); err != nil {
-		log.Fatalf("node-cache: %v", err)
-	}
-	registerStartupTrim() // trim.go: the binary's pages touched only while starting leave RSS
-	coremain.Run()
+	os.Exit(mode.main(args, flag.CommandLine)) // -guard, -preflight, -verify, -cleanup
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns"
 	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
@@ -22,7 +23,7 @@ import (
 // iptables mode. Pods keep asking the kube-dns ClusterIP and get answers from the node cache, which sends
 // cluster names to the cluster DNS over TCP through kube-dns-upstream and other names to the node's resolver.
 func TestUpstreamManifestOnSimulatedNode(t *testing.T) {
-	if !registeredDNSPlugins()["notrack"] {
+	if !nodelocaldns.RegisteredPlugins()["notrack"] {
 		t.Skip("the notrack plugin is not compiled into node-cache yet; upstream's arguments turn into notrack directives")
 	}
 	n := simnode.New(t)
@@ -157,7 +158,7 @@ func (u *upstreamManifestNode) waitRulesInPlace(t *testing.T, cache *simnode.Pro
 // lean build leaves out: a ConfigMap change that brings trace in stops the lean build, as SIGTERM does, and
 // started again, as the kubelet restarts the container, the lean build runs the full one, which serves.
 func TestUpstreamConfigMapWithTrace(t *testing.T) {
-	if !registeredDNSPlugins()["notrack"] {
+	if !nodelocaldns.RegisteredPlugins()["notrack"] {
 		t.Skip("the notrack plugin is not compiled into node-cache yet")
 	}
 	n := simnode.New(t)

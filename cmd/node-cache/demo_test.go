@@ -12,10 +12,12 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns"
 )
 
 func TestMain(m *testing.M) {
-	directives, err := compiledDirectives()
+	directives, err := nodelocaldns.CompiledDirectives()
 	if err == nil {
 		err = dnsserver.SetDirectives(directives)
 	}
@@ -48,11 +50,11 @@ func freePort(t *testing.T) string {
 // startDemo starts examples/demo/Corefile in this process, on free ports, and returns the node cache's address.
 func startDemo(t *testing.T) string {
 	t.Helper()
-	corefile, err := os.ReadFile("../demo/Corefile")
+	corefile, err := os.ReadFile("../../examples/demo/Corefile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := strings.ReplaceAll(string(corefile), "examples/demo/", "../demo/")
+	text := strings.ReplaceAll(string(corefile), "examples/demo/", "../../examples/demo/")
 	cachePort := freePort(t)
 	for _, port := range []string{"5300", "5301", "9253", "5380", "5381"} {
 		replacement := freePort(t)

@@ -17,13 +17,11 @@ import (
 
 func parseGuard(t *testing.T, env map[string]string, args ...string) (nodelocal.GuardConfig, error) {
 	t.Helper()
-	fs, nc := newFlagSet()
-	g := registerGuardFlags(fs)
-	registerPreflightFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	m := newGuardMode(newSideModeFlagSet("guard"))
+	if err := m.fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	return g.guardConfig(fs, nc, func(k string) string { return env[k] })
+	return m.guard.guardConfig(m.fs, m.cache, func(k string) string { return env[k] })
 }
 
 func TestGuardFlags(t *testing.T) {

@@ -33,8 +33,8 @@ var nodeCachePlugins = []string{
 // accepts is registered here, so a node-local-dns ConfigMap written for it does not stop node-cache with
 // "directive ... is not compiled into this CoreDNS".
 func TestUpstreamImagePluginsCompiledIn(t *testing.T) {
-	registered := registeredDNSPlugins()
-	directives, err := compiledDirectives()
+	registered := nodelocaldns.RegisteredPlugins()
+	directives, err := nodelocaldns.CompiledDirectives()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestUpstreamImagePluginsCompiledIn(t *testing.T) {
 }
 
 func TestCompiledDirectivesFollowPluginCfg(t *testing.T) {
-	got, err := compiledDirectives()
+	got, err := nodelocaldns.CompiledDirectives()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestCompiledDirectivesFollowPluginCfg(t *testing.T) {
 		t.Errorf("directive order:\n got %s\nwant %s", strings.Join(got, " "), strings.Join(want, " "))
 	}
 	var registered []string
-	for name := range registeredDNSPlugins() {
+	for name := range nodelocaldns.RegisteredPlugins() {
 		registered = append(registered, name)
 	}
 	sort.Strings(registered)

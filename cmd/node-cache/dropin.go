@@ -14,26 +14,22 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 )
 
-// nodeCache holds upstream node-cache's flags, defined on the command line next to CoreDNS's.
-var nodeCache = registerNodeCacheFlags(flag.CommandLine)
-
-// startDropIn parses the command line and, in node-cache's drop-in mode (-localip given), writes the
-// Corefile CoreDNS is about to load and keeps it in step with the ConfigMaps until the process ends.
-// directives are the ones compiled in; a Corefile using others is refused before CoreDNS sees it.
-// Without -localip it does nothing and the binary is a plain CoreDNS.
+// startDropIn, in node-cache's drop-in mode (-localip given), writes the Corefile CoreDNS is about to load
+// and keeps it in step with the ConfigMaps until the process ends. fs is the parsed command line and nc the
+// node-cache flags on it; directives are the ones compiled in, and a Corefile using others is refused before
+// CoreDNS sees it. Without -localip it does nothing and the binary is a plain CoreDNS.
 // In the lean build, a Corefile that uses a plugin only the full build has execs the full build (full.go),
 // in either mode.
-func startDropIn(directives []string) error {
-	flag.Parse()
+func startDropIn(fs *flag.FlagSet, nc *nodeCacheFlags, directives []string) error {
 	build := thisBuild()
-	d, err := nodeCache.dropIn(flag.CommandLine)
+	d, err := nc.dropIn(fs)
 	if err != nil {
 		return err
 	}
 	if d == nil {
-		return build.runFullIfNeeded(plainCorefile(flag.CommandLine))
+		return build.runFullIfNeeded(plainCorefile(fs))
 	}
-	return runDropIn(context.Background(), d, directives, build, nodeCache.metricsListenAddress, corefile.DefaultSyncPeriod)
+	return runDropIn(context.Background(), d, directives, build, nc.metricsListenAddress, corefile.DefaultSyncPeriod)
 }
 
 // runDropIn writes the first Corefile, execs the full build if that Corefile needs it, then starts the watch
