@@ -101,35 +101,6 @@ func Own(network Network, local netip.AddrPort) ([]Socket, error) {
 	return own, nil
 }
 
-// SteerToNewest makes the kernel send every new UDP packet for local to the calling
-// process's socket that joined the group last. It needs the process's own sockets to be the newest of the
-// group, as a successor's are; the caller should check that it worked (a probe that only this process
-// answers, sent from several source ports, all answered). It returns how many sockets the group had.
-func SteerToNewest(network Network, local netip.AddrPort) (int, error) {
-	if network != UDP {
-		return 0, fmt.Errorf("cannot steer %s: the kernel takes classic BPF for UDP reuseport groups only", network)
-	}
-	group, err := Group(network, local)
-	if err != nil {
-		return 0, err
-	}
-	own := 0
-	fd := -1
-	for _, s := range group {
-		if s.FD >= 0 {
-			own++
-			fd = s.FD
-		}
-	}
-	if own == 0 {
-		return len(group), fmt.Errorf("no %s socket of this process is bound to %s", network, local)
-	}
-	if err := attach(fd, uint32(len(group)-1)); err != nil {
-		return len(group), fmt.Errorf("steer %s %s to this process: %w", network, local, err)
-	}
-	return len(group), nil
-}
-
 // SteerTo makes the kernel send every new UDP packet for local to the socket at index in its reuseport
 // group, through one of the calling process's sockets in it. Indexes follow the order the sockets joined,
 // except that a socket leaving the group hands its index to the last one; so the caller should check where
@@ -155,23 +126,48 @@ func SteerTo(network Network, local netip.AddrPort, index uint32) error {
 // its reuseport group.
 const MigrateReq = "/proc/sys/net/ipv4/tcp_migrate_req"
 
-// MigrateListeners turns net.ipv4.tcp_migrate_req on in the calling process's network namespace. When it
-// was off it returns a function that turns it off again, for once the listeners it was for have closed;
-// otherwise nil. It fails where /proc/sys is read-only (a container that is not privileged) or the kernel
-// predates the setting (5.14).
-func MigrateListeners() (restore func() error, err error) {
+// MigrateListeners turns net.ipv4.tcp_migrate_req on in the calling process's network namespace, and
+// returns a function that puts back the value it had before any cache turned it on, for once the
+// listeners it was for have closed. The value before is kept in the file state (beside the node lock, so
+// that every cache on the node finds it): a chain of successors, each turning it on while its
+// predecessor's listeners close, restores the node's own value at the end, whichever of them gets there.
+// It returns a nil function when the setting was on before any cache touched it. It fails where /proc/sys
+// is read-only (a container that is not privileged) or the kernel predates the setting (5.14).
+func MigrateListeners(state string) (restore func() error, err error) {
 	b, err := os.ReadFile(MigrateReq)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", MigrateReq, err)
 	}
-	was := strings.TrimSpace(string(b))
-	if was == "1" {
-		return nil, nil
+	now := strings.TrimSpace(string(b))
+	saved, err := os.ReadFile(state)
+	switch {
+	case err == nil:
+		// An earlier cache turned it on and has not put it back yet.
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("read %s: %w", state, err)
+	case now == "1":
+		return nil, nil // the node's own setting
+	default:
+		saved = []byte(now)
+		if err := os.WriteFile(state, saved, 0o600); err != nil {
+			return nil, fmt.Errorf("record the value of %s in %s: %w", MigrateReq, state, err)
+		}
 	}
-	if err := writeSysctl("1"); err != nil {
-		return nil, err
+	if now != "1" {
+		if err := writeSysctl("1"); err != nil {
+			return nil, err
+		}
 	}
-	return func() error { return writeSysctl(was) }, nil
+	was := strings.TrimSpace(string(saved))
+	return func() error {
+		if err := writeSysctl(was); err != nil {
+			return err
+		}
+		if err := os.Remove(state); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", state, err)
+		}
+		return nil
+	}, nil
 }
 
 func writeSysctl(value string) error {

@@ -88,9 +88,9 @@ func TestSteerUDPToTheNewestSocket(t *testing.T) {
 		t.Fatalf("by hash: old got %d, new got %d of 64", o, n)
 	}
 
-	size, err := SteerToNewest(UDP, local)
-	if err != nil || size != 2 {
-		t.Fatalf("SteerToNewest: %d %v", size, err)
+	// Index 1: the socket that joined last.
+	if err := SteerTo(UDP, local, 1); err != nil {
+		t.Fatalf("SteerTo: %v", err)
 	}
 	sendFromManyPorts(t, addr, 64)
 	if idle, err := Idle(UDP, []netip.AddrPort{local}); err != nil || idle {
@@ -124,8 +124,8 @@ func TestSteerRefusesTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if _, err := SteerToNewest(TCP, netip.MustParseAddrPort(l.Addr().String())); err == nil {
-		t.Fatal("SteerToNewest for TCP succeeded; the kernel has no classic BPF for TCP reuseport groups")
+	if err := SteerTo(TCP, netip.MustParseAddrPort(l.Addr().String()), 0); err == nil {
+		t.Fatal("SteerTo for TCP succeeded; the kernel has no classic BPF for TCP reuseport groups")
 	}
 }
 
@@ -176,5 +176,51 @@ func TestParseHexAddrPort(t *testing.T) {
 		if _, err := parseHexAddrPort(bad); err == nil {
 			t.Errorf("parseHexAddrPort(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestSteeringSurvivesOlderSocketsLeaving: a group of two older sockets and two newer ones, steered to a
+// newer one. A socket leaving hands its index to the group's last socket; steered to the last socket, the
+// first older socket to close puts the index out of range and the kernel hashes over the group again, the
+// other older socket included (whose queue is lost when it closes in turn); steered to the first newer
+// socket, as TakeOver steers, every packet keeps going to it until the older sockets are gone.
+func TestSteeringSurvivesOlderSocketsLeaving(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		index     uint32
+		olderGets bool
+	}{
+		{name: "to the last socket", index: 3, olderGets: true},
+		{name: "to the first newer socket", index: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var socks []net.PacketConn
+			addr := "127.0.0.1:0"
+			for range 4 {
+				_, pc, err := reuseport("udp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pc.Close()
+				addr = pc.LocalAddr().String()
+				socks = append(socks, pc)
+			}
+			local := netip.MustParseAddrPort(addr)
+			if err := SteerTo(UDP, local, tc.index); err != nil {
+				t.Fatal(err)
+			}
+			sendFromManyPorts(t, addr, 32)
+			if n := received(t, socks[tc.index]); n != 32 {
+				t.Fatalf("steered to socket %d: it got %d of 32", tc.index, n)
+			}
+			socks[0].Close() // the first older socket leaves
+			sendFromManyPorts(t, addr, 64)
+			older := received(t, socks[1])
+			newer := received(t, socks[2]) + received(t, socks[3])
+			if older+newer != 64 || (older > 0) != tc.olderGets {
+				t.Errorf("after an older socket left: the other older one got %d, the newer ones %d of 64; want the older one to get some: %v",
+					older, newer, tc.olderGets)
+			}
+		})
 	}
 }

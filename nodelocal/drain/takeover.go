@@ -1,8 +1,12 @@
 package drain
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // A reuseport group has one program, and two users in a process may want to set it: a cache taking its
@@ -21,18 +25,40 @@ var takeovers = struct {
 	addrs map[netip.AddrPort]bool
 }{addrs: map[netip.AddrPort]bool{}}
 
-// TakeOver steers every new UDP packet for local to the calling process's socket that joined the group
-// last (SteerToNewest) and, when the group has other sockets (an older process's), records that this
-// process owns the group's program until EndTakeOver. It returns how many sockets the group had.
+// TakeOver steers every new UDP packet for local to this process and, when the group has other sockets (an
+// older process's), records that this process owns the group's program until EndTakeOver. It returns how
+// many sockets the group had; the caller should check that it worked (probes that only this process
+// answers, from several source ports, all answered).
+//
+// The program returns the index of this process's socket that joined first after every other process's,
+// which is the count of the others' sockets: a socket leaving a group hands its index to the group's last
+// socket, so the last socket's index goes out of range (and the kernel falls back to its hash, over the
+// older sockets too) as soon as an older socket closes, while the first of ours keeps its index for as
+// long as the older process has no more sockets than this one (the same configuration has as many).
 func TakeOver(local netip.AddrPort) (int, error) {
-	size, err := SteerToNewest(UDP, local)
-	if err != nil || size < 2 {
-		return size, err
+	group, err := Group(UDP, local)
+	if err != nil {
+		return 0, err
+	}
+	others := 0
+	for _, s := range group {
+		if s.FD < 0 {
+			others++
+		}
+	}
+	if others == len(group) {
+		return len(group), fmt.Errorf("no udp socket of this process is bound to %s", local)
+	}
+	if err := SteerTo(UDP, local, uint32(others)); err != nil {
+		return len(group), fmt.Errorf("steer udp %s to this process: %w", local, err)
+	}
+	if others == 0 {
+		return len(group), nil
 	}
 	takeovers.mu.Lock()
 	defer takeovers.mu.Unlock()
 	takeovers.addrs[unmapped(local)] = true
-	return size, nil
+	return len(group), nil
 }
 
 // EndTakeOver gives the group of local back to the kernel's hash and ends the takeover: the older
@@ -54,4 +80,39 @@ func TakingOver(local netip.AddrPort) bool {
 
 func unmapped(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// HandListenersOver stops this process's TCP listeners on endpoints from taking new connections, in the
+// groups where another process listens too: the kernel then gives new connections to the other listeners,
+// and, with net.ipv4.tcp_migrate_req on (MigrateListeners), moves the connections waiting in these
+// listeners' accept queues to them. The kernel has no classic BPF for TCP groups, so this is how an older
+// process stops taking TCP lookups. The listeners stay open for their owners to close as usual; their
+// accept fails from now on. It returns how many listeners it stopped.
+func HandListenersOver(endpoints []netip.AddrPort) (int, error) {
+	stopped := 0
+	for _, e := range endpoints {
+		group, err := Group(TCP, e)
+		if err != nil {
+			return stopped, err
+		}
+		foreign := false
+		for _, s := range group {
+			foreign = foreign || s.FD < 0
+		}
+		if !foreign {
+			continue // nobody to hand the connections to
+		}
+		for _, s := range group {
+			if s.FD < 0 {
+				continue
+			}
+			// shutdown(2) on a listener takes it out of its group and hands its accept queue over; the
+			// descriptor stays its owner's.
+			if err := unix.Shutdown(s.FD, unix.SHUT_RD); err != nil && !errors.Is(err, unix.ENOTCONN) {
+				return stopped, fmt.Errorf("stop the listener on %s from taking connections: %w", e, err)
+			}
+			stopped++
+		}
+	}
+	return stopped, nil
 }

@@ -191,8 +191,11 @@ func (n *node) succeed(in *instance, q *nodelocal.Successor) {
 	}
 }
 
-// takeOver makes this process, whose server answers, the owner of the node its owner handed over: the
-// leases of every live instance with their rules at once, and new UDP packets steered to this process.
+// takeOver makes this process, whose server answers, the owner of the node its owner handed over: new UDP
+// packets are steered to this process first, then the leases of every live instance are acquired with
+// their rules at once. Readiness follows the leases, so a rollout stops the old process only once nothing
+// new reaches it any more; stopped earlier, it would close sockets that the kernel still hashes new packets
+// to.
 func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Reconciler) {
 	life := n.lifeContext()
 	n.mu.Lock()
@@ -204,6 +207,14 @@ func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Rec
 	n.handoff.successor = nil
 	q.Close()
 	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
+	migrateState := n.settings.Lock + ".tcp_migrate_req"
+	n.mu.Unlock()
+	n.steerToThisProcess(life, in, migrateState)
+	n.mu.Lock()
+	if n.rec != rec {
+		n.mu.Unlock()
+		return // shut down meanwhile
+	}
 	err := n.acquireAnswering(in.ctx)
 	n.ensureRepairLoop(life)
 	n.watchSuccessor(life)
@@ -214,7 +225,6 @@ func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Rec
 	} else {
 		log.Infof("took the node over from %s", n.handoff.successorOf)
 	}
-	n.steerToThisProcess(life, in)
 }
 
 // ownBeforeAnswering makes this process the owner of a node its owner let go of before this server
@@ -308,9 +318,10 @@ func (in *instance) probeTargets() []probeTarget {
 // steerToThisProcess sends every new UDP packet for the instance's endpoints to this process's sockets
 // (drain.TakeOver, which wirecache's fast path then leaves alone), checks that it works, and lets the old
 // process's TCP listeners hand their accept queues over when they close. Once the old sockets have left
-// the groups it ends the takeover and turns net.ipv4.tcp_migrate_req back off if it turned it on.
-func (n *node) steerToThisProcess(life context.Context, in *instance) {
-	restore, err := drain.MigrateListeners()
+// the groups it ends the takeover and puts net.ipv4.tcp_migrate_req back as the node had it (the value
+// before is kept in migrateState, for the successor that ends a chain of them).
+func (n *node) steerToThisProcess(life context.Context, in *instance, migrateState string) {
+	restore, err := drain.MigrateListeners(migrateState)
 	if err != nil {
 		log.Warningf("TCP connections that wait in the old instance's accept queue will be reset when it stops: %v", err)
 	} else if restore != nil {
@@ -324,7 +335,7 @@ func (n *node) steerToThisProcess(life context.Context, in *instance) {
 			log.Warningf("lookups queued at the old instance on %s may be lost when it stops: %v", local, err)
 			continue
 		}
-		if size < 2 {
+		if !drain.TakingOver(local) || size < 2 {
 			_ = drain.EndTakeOver(local) // nobody else is there any more
 			continue
 		}
@@ -627,6 +638,13 @@ func (n *node) leaveToSuccessor(ctx context.Context, reason string, endpoints []
 	}
 	if !n.handoff.handedOff {
 		return false // taken back: the usual exit
+	}
+	// New UDP packets go to the successor already (it steered the groups); new TCP connections, and
+	// those waiting to be accepted here, go to it once these listeners stop taking them.
+	if stopped, err := drain.HandListenersOver(endpoints); err != nil {
+		log.Warningf("%s: TCP connections may still reach this instance while it stops: %v", reason, err)
+	} else if stopped > 0 {
+		log.Infof("%s: handed %d TCP listeners' connections over to the successor", reason, stopped)
 	}
 	n.drainSockets(reason, endpoints)
 	n.handoff.handedOff = false // done: a later shutdown callback finds nothing to do

@@ -95,11 +95,20 @@ func (r *rig) checkNoLookupLost(results map[string]simnode.LoadResult) {
 // divert left, and Pod lookups to both addresses answered without a conntrack entry.
 func (r *rig) checkServedUntracked() {
 	r.t.Helper()
-	if !r.jumps() || !has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
-		r.t.Errorf("after the replacement: jumps %v, link %v", r.jumps(), r.linkAddrs())
-	}
-	if out, err := r.ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); err == nil {
-		r.t.Errorf("the divert is still there:\n%s", out)
+	if r.n.Mode == simnode.NFTablesMode {
+		if !r.hooked() || !has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
+			r.t.Errorf("after the replacement: hooked %v, link %v", r.hooked(), r.linkAddrs())
+		}
+		if out, err := r.nft("list", "table", "inet", "nodelocaldns-guard"); err == nil {
+			r.t.Errorf("the divert is still there:\n%s", out)
+		}
+	} else {
+		if !r.jumps() || !has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
+			r.t.Errorf("after the replacement: jumps %v, link %v", r.jumps(), r.linkAddrs())
+		}
+		if out, err := r.ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); err == nil {
+			r.t.Errorf("the divert is still there:\n%s", out)
+		}
 	}
 	if err := r.n.FlushConntrack(); err != nil {
 		r.t.Fatal(err)
