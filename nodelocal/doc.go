@@ -20,6 +20,11 @@
 // with kube-proxy's rules. The last Release, or Teardown, removes the jumps, our chains, and the addresses
 // we added or the link we created. Every call that blocks takes a context and honours its deadline.
 //
+// Every rule of the cache's and its guard's goes through one firewall interface, whose two implementations
+// are iptables (legacy or nft, package rules' Manager) and tables of our own over netlink (nftables, its
+// NFTablesManager); one policy chooses between them for every user on the node, and nothing else branches
+// on the backend. InspectRules reads what the node holds, for checks after a rollout.
+//
 // Errors are *Error values whose Kind matches Kubernetes' node-cache error types (iptables, iptables_lock,
 // interface_add, interface_check), for metrics; see KindOf and Kinds. Status gives a snapshot for
 // readiness checks.

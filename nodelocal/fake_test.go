@@ -202,7 +202,7 @@ func (f fakeFirewall) PlanDivert(_ context.Context, fams []rules.Family, wants [
 	}
 	f.n.mu.Lock()
 	defer f.n.mu.Unlock()
-	p, _, err := planDivert(context.Background(), fams, wants, local, func(_ context.Context, svc netip.Addr, proto rules.Protocol, port uint16) ([]netip.AddrPort, bool, error) {
+	p, _, err := planDivert(context.Background(), fams, wants, local, func(_ context.Context, svc netip.Addr, _ rules.Protocol, _ uint16) ([]netip.AddrPort, bool, error) {
 		return slices.Clone(f.n.served[svc]), false, nil
 	})
 	return p, err

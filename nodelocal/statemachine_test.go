@@ -18,7 +18,6 @@ import (
 var (
 	fakeClusterIP = netip.MustParseAddr("10.96.0.10")
 	fakeUpstream  = netip.MustParseAddr("10.96.0.11")
-	fakeV6Local   = netip.MustParseAddr("fd00:169:254::10")
 	fakeV6Cluster = netip.MustParseAddr("fd00:96::a")
 	fakePod1      = netip.MustParseAddrPort("10.244.1.2:53")
 	fakePod2      = netip.MustParseAddrPort("10.244.2.3:53")
@@ -134,7 +133,7 @@ func TestReconcilerOnAFakeNode(t *testing.T) {
 		},
 	}, {
 		name: "a reclaim that cannot remove the divert leaves the jumps out",
-		run: func(t *testing.T, n *fakeNode, r *Reconciler, l *Lease) {
+		run: func(t *testing.T, n *fakeNode, _ *Reconciler, l *Lease) {
 			n.mu.Lock()
 			n.marked[rules.IPv4] = true
 			n.mu.Unlock()
@@ -220,7 +219,7 @@ func TestReconcilerOnAFakeNode(t *testing.T) {
 		},
 	}, {
 		name: "teardown deletes the rules, then the link",
-		run: func(t *testing.T, n *fakeNode, r *Reconciler, l *Lease) {
+		run: func(t *testing.T, n *fakeNode, _ *Reconciler, l *Lease) {
 			if err := l.EnableRules(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -149,7 +149,7 @@ func MigrateListeners(state string) (restore func() error, err error) {
 		return nil, nil // the node's own setting
 	default:
 		saved = []byte(now)
-		if err := os.WriteFile(state, saved, 0o600); err != nil {
+		if err := os.WriteFile(state, saved, 0o600); err != nil { //nolint:gosec // the path is the cache's own setting, beside its node lock
 			return nil, fmt.Errorf("record the value of %s in %s: %w", MigrateReq, state, err)
 		}
 	}

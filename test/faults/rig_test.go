@@ -471,7 +471,7 @@ func (r *rig) deleteUpstreamServiceChains() {
 	save := r.mustIpt("-t", "nat", "-S")
 	var b strings.Builder
 	b.WriteString("*nat\n")
-	for _, line := range strings.Split(save, "\n") {
+	for line := range strings.SplitSeq(save, "\n") {
 		if strings.HasPrefix(line, "-A KUBE-SERVICES ") && strings.Contains(line, "kube-dns-upstream") {
 			b.WriteString("-D" + strings.TrimPrefix(line, "-A") + "\n")
 		}

@@ -67,7 +67,7 @@ func (n *Node) RunTCPLoad(ctx context.Context, ns string, l Load) (LoadResult, e
 		reply := make(chan dialed, 1)
 		select {
 		case dial <- reply:
-		case <-dialerDone:
+		case <-dialCtx.Done():
 			return refused
 		}
 		d := <-reply

@@ -246,7 +246,8 @@ func (n *Node) installKubeProxyNFTables() {
 func (n *Node) SetUpstreamEndpoint(ip string) {
 	n.t.Helper()
 	var b strings.Builder
-	name, cmd := "", []string(nil)
+	var name string
+	var cmd []string
 	if n.Mode == NFTablesMode {
 		for _, proto := range []string{"udp", "tcp"} {
 			svc := fmt.Sprintf("kube-system/kube-dns-upstream/%s/dns", proto)
