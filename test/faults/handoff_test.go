@@ -180,6 +180,32 @@ func TestReplaceWithAGap(t *testing.T) {
 	r.checkServedUntracked()
 }
 
+// TestNFTablesReplaceWithAGap is TestReplaceWithAGap on a node whose kube-proxy runs in nftables mode: the
+// old cache unhooks its table and DNATs the link-local address to kube-dns-upstream's endpoints in the
+// divert's table, the new one takes the node back, and no lookup is lost.
+func TestNFTablesReplaceWithAGap(t *testing.T) {
+	r := newRigWith(t, "auto", simnode.NFTablesMode, true)
+	r.handover, r.wirecache = true, true
+	r.writeCorefile(r.corefile(53))
+	old := r.startCache()
+	stopLoad := r.startLoad()
+	r.stop(old)
+	if !strings.Contains(old.Output(), "handed the node to the cluster DNS") {
+		t.Errorf("the old cache did not hand the node over:\n%s", old.Output())
+	}
+	if r.hooked() || has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
+		t.Errorf("after the hand-over: hooked %v, link %v; want the table unhooked and the link-local address only", r.hooked(), r.linkAddrs())
+	}
+	if out, err := r.nft("list", "table", "inet", "nodelocaldns-guard"); err != nil || !strings.Contains(out, "dnat ip to "+simnode.ClusterDNSPodIP+":53") {
+		t.Errorf("the link-local address is not diverted to the cluster DNS's endpoint: %v\n%s", err, out)
+	}
+	time.Sleep(3 * time.Second) // the gap of the rolling update
+	r.startCache()
+	results := stopLoad()
+	r.checkNoLookupLost(results)
+	r.checkServedUntracked()
+}
+
 // TestKubeProxyDeletesTheUpstreamWhileDiverted: a cache that stopped without a successor left the divert
 // (a rolling update's gap, an uninstall's); kube-proxy then deletes kube-dns-upstream's chains (the Service
 // deleted, or left without endpoints). Its sync goes through, since nothing of ours refers to its chains,
