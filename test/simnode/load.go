@@ -138,20 +138,7 @@ func (n *Node) RunLoad(ctx context.Context, ns string, l Load) (LoadResult, erro
 	)
 	start := time.Now()
 	// settle records the outcome of a lookup sent at sentAt; mu is held.
-	settle := func(sentAt time.Duration, o outcome) {
-		switch o {
-		case answered:
-			res.Answered++
-			return
-		case timedOut:
-			res.TimedOut++
-		case refused:
-			res.Refused++
-		case badRcode:
-			res.BadRcode++
-		}
-		res.Failures = append(res.Failures, sentAt)
-	}
+	settle := res.record
 	read := func(s *loadSocket) {
 		defer readers.Done()
 		buf := make([]byte, 1500)
@@ -318,6 +305,22 @@ type dialResult struct {
 }
 
 type outcome int
+
+// record counts the outcome of a lookup sent at sentAt, since the start of the load.
+func (r *LoadResult) record(sentAt time.Duration, o outcome) {
+	switch o {
+	case answered:
+		r.Answered++
+		return
+	case timedOut:
+		r.TimedOut++
+	case refused:
+		r.Refused++
+	case badRcode:
+		r.BadRcode++
+	}
+	r.Failures = append(r.Failures, sentAt)
+}
 
 const (
 	answered outcome = iota

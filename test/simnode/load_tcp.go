@@ -121,18 +121,7 @@ func (n *Node) RunTCPLoad(ctx context.Context, ns string, l Load) (LoadResult, e
 				o := lookup(sent)
 				mu.Lock()
 				defer mu.Unlock()
-				switch o {
-				case answered:
-					res.Answered++
-					return
-				case timedOut:
-					res.TimedOut++
-				case refused:
-					res.Refused++
-				case badRcode:
-					res.BadRcode++
-				}
-				res.Failures = append(res.Failures, sent.Sub(start))
+				res.record(sent.Sub(start), o)
 			})
 		}
 		if stop || (until == nil && issued >= minimum) {
