@@ -9,7 +9,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
 
-// ForgetLocalFlows deletes the connection-tracking entries that would deliver a flow's next packet to a
+// forgetLocalFlows deletes the connection-tracking entries that would deliver a flow's next packet to a
 // cache that is gone: flows to one of its endpoints that are not NATed (made while neither the cache's
 // NOTRACK jumps nor a divert were in place: a start before the rules, the moment a cache takes its node
 // back), and flows the cache's own answers opened (answers sent after the jumps went out, while it
@@ -18,7 +18,7 @@ import (
 // entry expired (two minutes for a UDP flow that saw replies). Called once the cache's sockets are drained
 // (or the cache died), it makes every flow's next packet start over through kube-proxy and the divert.
 // Flows DNATed elsewhere (kube-proxy's, the divert's) stay. It returns how many entries went.
-func ForgetLocalFlows(endpoints []netip.AddrPort) (uint, error) {
+func forgetLocalFlows(endpoints []netip.AddrPort) (uint, error) {
 	var total uint
 	for _, e := range endpoints {
 		e = netip.AddrPortFrom(e.Addr().Unmap(), e.Port())
@@ -35,8 +35,8 @@ func ForgetLocalFlows(endpoints []netip.AddrPort) (uint, error) {
 	return total, nil
 }
 
-// DivertEndpoints returns the address and port of each divert.
-func DivertEndpoints(ds []rules.Divert) []netip.AddrPort {
+// divertEndpoints returns the address and port of each divert.
+func divertEndpoints(ds []rules.Divert) []netip.AddrPort {
 	out := make([]netip.AddrPort, 0, len(ds))
 	for _, d := range ds {
 		port := d.Port

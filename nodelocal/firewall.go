@@ -92,7 +92,7 @@ type divertPlan struct {
 }
 
 // Endpoints returns the address and DNS port of each divert: the flows a fail-open must forget.
-func (p divertPlan) Endpoints() []netip.AddrPort { return DivertEndpoints(p.Diverts) }
+func (p divertPlan) Endpoints() []netip.AddrPort { return divertEndpoints(p.Diverts) }
 
 // serviceEndpoints returns the endpoints kube-proxy DNATs a Service's ClusterIP to on a protocol and port,
 // and whether the host's own lookups diverted there need masquerading; none when kube-proxy does not serve

@@ -193,7 +193,7 @@ type Handover struct {
 // not Service addresses to the kube-dns-upstream Service (rules.Guard); it narrows the cache's raw chain
 // to its answers (rules.NodeCacheSpec.RepliesOnly), so that new queries meet kube-proxy's DNAT and the
 // divert while the cache's answers to what it already has still leave untracked; and it forgets the
-// tracked flows that would still bring queries to the cache (ForgetLocalFlows). The cache then drains its
+// tracked flows that would still bring queries to the cache (forgetLocalFlows). The cache then drains its
 // sockets and calls CompleteHandOver. The divert is also the word to the next cache (Reconciler.Reclaim,
 // Lease.EnableRules) that the node waits for it to answer.
 func (r *Reconciler) HandOver(ctx context.Context, h Handover) (diverted []rules.Divert, err error) {

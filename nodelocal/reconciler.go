@@ -102,7 +102,7 @@ func newReconciler(cfg Config, lock *nodelock.Lock) (*Reconciler, error) {
 		leases:      map[*Lease]struct{}{},
 		fw:          fw,
 		nodeAddrs:   NodeAddresses,
-		forgetFlows: ForgetLocalFlows,
+		forgetFlows: forgetLocalFlows,
 	}
 	if !cfg.NoInterface {
 		m, err := link.New(link.Options{Name: cfg.Interface, Add: cfg.AddLink})
