@@ -35,5 +35,7 @@
 // Reconciler.Reclaim once it answers; until then Ensure leaves the jumps out. Preflight checks a node before
 // a rollout.
 //
-// Nothing here depends on CoreDNS; the notrack plugin of this repository is one user.
+// Nothing here depends on CoreDNS; the notrack plugin of this repository is one user. Everything here but
+// the errors is Linux's: on other systems the package builds with only its errors, ErrNotLinux among them,
+// and its subpackages do not build at all.
 package nodelocal

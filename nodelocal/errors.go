@@ -3,9 +3,6 @@ package nodelocal
 import (
 	"errors"
 	"slices"
-
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
 )
 
 // Kind classifies an error for metrics. The first four are the error types of Kubernetes' node-cache, so
@@ -38,6 +35,11 @@ type Error struct {
 
 func (e *Error) Error() string { return "nodelocal: " + e.Op + ": " + e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
+
+// ErrNotLinux says that what was asked needs Linux. The link, the rules and the node lock are netlink,
+// iptables or nftables and Linux's file locks, so elsewhere this package holds only its errors, for programs
+// (the notrack plugin, say) that must build everywhere and say at run time why they cannot work there.
+var ErrNotLinux = errors.New("nodelocal: needs Linux (netlink, iptables, nftables)")
 
 // ErrClosed is returned by a Reconciler after Close.
 var ErrClosed = errors.New("nodelocal: reconciler is closed")
@@ -80,27 +82,4 @@ func Kinds(err error) []Kind {
 	}
 	walk(err)
 	return kinds
-}
-
-func configError(op string, err error) error {
-	return &Error{Kind: KindConfig, Op: op, Err: err}
-}
-
-// linkError classifies a link failure as node-cache does: looking is interface_check, changing is
-// interface_add.
-func linkError(op string, err error) error {
-	kind := KindInterfaceCheck
-	var le *link.Error
-	if errors.As(err, &le) && le.Phase == link.Change {
-		kind = KindInterfaceAdd
-	}
-	return &Error{Kind: kind, Op: op, Err: err}
-}
-
-func rulesError(op string, err error) error {
-	kind := KindIPTables
-	if rules.IsLockContention(err) {
-		kind = KindIPTablesLock
-	}
-	return &Error{Kind: kind, Op: op, Err: err}
 }

@@ -575,8 +575,7 @@ func startProcess(name, binary, logPath string, args ...string) (*process, error
 	}
 	cmd := exec.Command(binary, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Should the test binary die without cleaning up, the kernel ends the server with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	endWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)

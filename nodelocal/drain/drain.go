@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package drain hands a DNS server's listeners over to a successor process without losing a query.
 //
 // CoreDNS opens its UDP sockets and TCP listeners with SO_REUSEPORT, so a successor binds the same address

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package link keeps a local link up and holding the node-local DNS cache's addresses.
 //
 // The link is of kind dummy: it sends nothing anywhere and only makes its addresses local to the node.

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package nodelock makes one process the owner of a node's link and rules.
 //
 // Two caches that both rewrite the same chains and addresses would undo each other's work forever. The

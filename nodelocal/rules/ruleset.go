@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package rules keeps iptables and ip6tables chains of our own in place, cheaply and atomically.
 //
 // A Ruleset names chains we own. Each chain is rewritten only as a whole and is reached by one jump at

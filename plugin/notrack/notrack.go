@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package notrack is a CoreDNS plugin that makes a server block a Kubernetes node-local DNS cache: it puts
 // the block's addresses on a node-local link before CoreDNS listens on them, and, once the server answers
 // there, installs iptables rules that exempt its traffic from connection tracking and kube-proxy's DNAT.

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package faults holds the fault matrix of the node cache: each test builds a simulated node (package
 // simnode: namespaces only), runs the node-cache binary with the notrack plugin on it, and does to it what
 // a node does to a cache: kills it, takes its lock, deletes its rules and its link, reloads a broken

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package simnode builds a simulated Kubernetes node out of network namespaces, for end-to-end tests of the
 // node cache that must not touch the machine's own network.
 //
