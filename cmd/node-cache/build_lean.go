@@ -1,4 +1,4 @@
-//go:build nodecache_lean
+//go:build linux && nodecache_lean
 
 package main
 

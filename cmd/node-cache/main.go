@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command node-cache is a CoreDNS build for a Kubernetes NodeLocal DNSCache.
 //
 // It compiles in only the plugins a node cache needs plus the nodelocaldns plugins, and executes them in
