@@ -1,0 +1,259 @@
+//go:build linux
+
+package wirecache
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The fast path's readers: batches of datagrams in (recvmmsg), hits answered, replies out (sendmmsg).
+
+// fastReader is one goroutine's buffers: the datagrams of a batch, their senders, and the replies.
+type fastReader struct {
+	fp *fastPath
+
+	hdrs  [fastBatch]unix.Mmsghdr
+	iovs  [fastBatch]unix.Iovec
+	names [fastBatch]unix.RawSockaddrInet6
+	in    [fastBatch][fastReadSize]byte
+
+	out     [fastBatch]unix.Mmsghdr
+	outIovs [fastBatch]unix.Iovec
+	nOut    int
+	arena   []byte
+
+	wq  wireQuery
+	key [keyLen]byte
+
+	// The state of the current recvmmsg and sendmmsg calls, and the calls bound once, so that a batch
+	// allocates nothing.
+	recvNow, sendNow     bool
+	recvN, sendN, sent   int
+	recvErrno, sendErrno syscall.Errno
+	recvFn, sendFn       func(fd uintptr) bool
+	recvOnce, sendOnce   func(fd uintptr)
+}
+
+func newFastReader(fp *fastPath) *fastReader {
+	r := &fastReader{fp: fp, arena: make([]byte, 0, fastArena)}
+	r.recvFn, r.sendFn = r.recv, r.send
+	r.recvOnce = func(fd uintptr) { r.recv(fd) }
+	r.sendOnce = func(fd uintptr) { r.send(fd) }
+	for i := range r.hdrs {
+		r.iovs[i].Base = &r.in[i][0]
+		r.iovs[i].SetLen(fastReadSize)
+		r.hdrs[i].Hdr.Iov = &r.iovs[i]
+		r.hdrs[i].Hdr.SetIovlen(1)
+		r.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+	}
+	return r
+}
+
+func (r *fastReader) run() {
+	for {
+		n, err := r.read(false)
+		if err != nil {
+			if !r.fp.stopping.Load() {
+				// Closing the socket takes it out of the group, so no query waits where nobody reads.
+				log.Errorf("fast path on %s: reading: %v; closing it, the plugin chain's socket answers instead", r.fp.srv.Addr, err)
+				r.fp.conn.Close()
+				return
+			}
+			// Stopping: whatever is queued is answered without waiting for more.
+			for {
+				n, err := r.read(true)
+				if err != nil || n == 0 {
+					return
+				}
+				r.handle(n)
+			}
+		}
+		r.handle(n)
+	}
+}
+
+// read fills the batch with what the socket holds, waiting for one datagram at least unless now is set.
+func (r *fastReader) read(now bool) (int, error) {
+	for i := range r.hdrs {
+		r.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		r.hdrs[i].Hdr.Flags = 0
+		r.hdrs[i].Len = 0
+	}
+	r.recvNow, r.recvN, r.recvErrno = now, 0, 0
+	var err error
+	if now {
+		// A read deadline has passed; Control runs the call regardless.
+		err = r.fp.raw.Control(r.recvOnce)
+	} else {
+		err = r.fp.raw.Read(r.recvFn)
+	}
+	switch {
+	case err != nil:
+		return 0, err
+	case r.recvErrno == unix.EAGAIN, r.recvErrno == unix.EINTR:
+		return 0, nil
+	case r.recvErrno != 0:
+		return 0, os.NewSyscallError("recvmmsg", r.recvErrno)
+	}
+	return r.recvN, nil
+}
+
+// recv is the recvmmsg call of read, as syscall.RawConn.Read takes it: false asks to wait for the socket.
+//
+// recv and send make their calls raw: they never block (MSG_DONTWAIT), and a call through unix.Syscall6
+// tells the Go scheduler it entered the kernel, which wakes the runtime's monitor thread (sysmon) whenever
+// the process was idle. A cache answering a few thousand queries a second is idle between most of them,
+// and each such wake-up costs it two context switches and the monitor's 20 µs ticks while it works.
+func (r *fastReader) recv(fd uintptr) bool {
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), fastBatch, unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN && !r.recvNow {
+		return false
+	}
+	r.recvN, r.recvErrno = int(n), e
+	return true
+}
+
+// handle answers the hits of a batch of n datagrams, passes the rest on, and sends the replies.
+func (r *fastReader) handle(n int) {
+	fp := r.fp
+	fp.queries.Add(float64(n))
+	passed := 0
+	now := time.Now()
+	for i := range n {
+		h := &r.hdrs[i]
+		b := r.in[i][:h.Len]
+		if p := fp.probe.Load(); p != nil && bytes.Equal(b, *p) {
+			select {
+			case fp.probeSeen <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		plain := false
+		if h.Hdr.Flags&unix.MSG_TRUNC == 0 {
+			var answered bool
+			if answered, plain = r.answer(b, i, now); answered {
+				continue
+			}
+		}
+		passed++
+		from := sockaddrUDP(&r.names[i], h.Hdr.Namelen)
+		if from == nil {
+			continue
+		}
+		q := passedQuery{b: bytes.Clone(b), from: from}
+		if plain && fp.servers != nil {
+			fp.servers.serve(q)
+		} else {
+			fp.chain.passQuery(q)
+		}
+	}
+	if passed > 0 {
+		fp.passed.Add(float64(passed))
+	}
+	r.flush()
+}
+
+// answer writes the reply to datagram i from its block's store, if it holds one, and reports whether it did,
+// and whether parseWireQuery read it (a plain query).
+func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain bool) {
+	n, ok := parseWireQuery(b, &r.wq, &r.key)
+	if !ok {
+		return false, false
+	}
+	block := r.fp.routes.route(unsafe.String(&r.key[0], n-5))
+	if block == nil {
+		return false, true
+	}
+	wc := block.wc
+	e := wc.store.get(wc.store.hash(r.key[:n]), r.key[:n])
+	if e == nil {
+		return false, true
+	}
+	need := len(e.plain.wire) + optLen
+	if cap(r.arena)-len(r.arena) < need {
+		r.flush()
+	}
+	buf := r.arena[len(r.arena):cap(r.arena)]
+	q := &r.wq.q
+	out, ok := e.render(buf, q, client{v6: r.fp.v6}, now)
+	if !ok {
+		// Expired (the chain refreshes it, or serves it stale), or a reply that needs truncation.
+		return false, true
+	}
+	m := block.metrics
+	m.hits.Inc()
+	if m.core != nil {
+		m.core.count(&hit{
+			zone: e.metricsZone, v6: r.fp.v6, do: q.do(), qtype: q.qtype, rcode: e.rcode,
+			reqSize: len(b), respSize: e.chainLen, start: now,
+		})
+	}
+	r.arena = r.arena[:len(r.arena)+len(out)]
+	o := &r.out[r.nOut]
+	r.outIovs[r.nOut].Base = &out[0]
+	r.outIovs[r.nOut].SetLen(len(out))
+	o.Hdr = unix.Msghdr{Name: r.hdrs[i].Hdr.Name, Namelen: r.hdrs[i].Hdr.Namelen, Iov: &r.outIovs[r.nOut]}
+	o.Hdr.SetIovlen(1)
+	r.nOut++
+	return true, true
+}
+
+// flush sends the replies of the batch.
+func (r *fastReader) flush() {
+	stopping := r.fp.stopping.Load()
+	for r.sent = 0; r.sent < r.nOut; {
+		r.sendErrno, r.sendN, r.sendNow = 0, 0, stopping
+		var err error
+		if stopping {
+			err = r.fp.raw.Control(r.sendOnce)
+		} else {
+			err = r.fp.raw.Write(r.sendFn)
+		}
+		if err == nil && r.sendErrno == unix.EINTR {
+			continue
+		}
+		if err != nil || r.sendErrno != 0 {
+			// The first reply left failed (a firewall, an unreachable client): it is dropped, as a
+			// failed write of CoreDNS's listener drops it, and the rest go on.
+			r.writeFailed(errors.Join(err, errnoErr(r.sendErrno)))
+			r.sendN = 1
+		}
+		r.sent += r.sendN
+	}
+	r.nOut = 0
+	r.arena = r.arena[:0]
+}
+
+// send is the sendmmsg call of flush, as syscall.RawConn.Write takes it: false asks to wait for the socket.
+func (r *fastReader) send(fd uintptr) bool {
+	n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&r.out[r.sent])), uintptr(r.nOut-r.sent), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN && !r.sendNow {
+		return false
+	}
+	r.sendN, r.sendErrno = int(n), e
+	return true
+}
+
+func errnoErr(e syscall.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return os.NewSyscallError("sendmmsg", e)
+}
+
+func (r *fastReader) writeFailed(err error) {
+	now := time.Now().UnixNano()
+	last := r.fp.lastWriteError.Load()
+	if now-last < int64(writeErrorEvery) || !r.fp.lastWriteError.CompareAndSwap(last, now) {
+		return
+	}
+	log.Errorf("fast path on %s: a reply was not sent: %v", r.fp.srv.Addr, err)
+}
