@@ -151,8 +151,15 @@ func TestChainServersBeyondTheKept(t *testing.T) {
 	if ended := s.trim(); ended != 0 {
 		t.Errorf("the first trim after the burst ended %d goroutines", ended)
 	}
-	if ended := s.trim(); ended != maxKeptServers-maxIdleServers {
-		t.Errorf("the second trim ended %d goroutines, want %d", ended, maxKeptServers-maxIdleServers)
+	// The next trims end the rest. A goroutine that wait saw done may still be on its way back to idle (its
+	// query answered, not yet waiting for the next), and a trim passes over it until it is: on a busy
+	// machine that takes more than one.
+	ended := 0
+	for deadline := time.Now().Add(time.Minute); ended < maxKeptServers-maxIdleServers && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		ended += s.trim()
+	}
+	if ended != maxKeptServers-maxIdleServers {
+		t.Errorf("the trims after a whole period idle ended %d goroutines, want %d", ended, maxKeptServers-maxIdleServers)
 	}
 	waitKept(t, s, maxIdleServers)
 	s.close()
