@@ -24,6 +24,7 @@ func newFlagSet() (*flag.FlagSet, *nodeCacheFlags) {
 	fs.String("conf", "", "")
 	fs.String("dns.port", "53", "")
 	fs.String("pidfile", "", "")
+	registerUninstallFlags(fs)
 	return fs, registerNodeCacheFlags(fs)
 }
 

@@ -62,6 +62,9 @@ func main() {
 	if err := startDropIn(directives); err != nil {
 		log.Fatalf("node-cache: %v", err)
 	}
+	if err := watchForUninstall(); err != nil { // -daemonset (uninstall.go)
+		log.Fatalf("node-cache: %v", err)
+	}
 	registerStartupTrim() // trim.go: the binary's pages touched only while starting leave RSS
 	coremain.Run()
 }
