@@ -168,7 +168,7 @@ func (w *daemonSetWatch) set(gone bool, why, resourceVersion string) {
 	w.known, w.gone, w.why = true, gone, why
 	switch {
 	case gone && (first || changed):
-		log.Warningf("DaemonSet %s %s: this is an uninstall; at exit node-cache removes everything from the node instead of handing it over", w, why)
+		log.Warningf("DaemonSet %s %s: this is an uninstall; at exit the cache removes everything from the node instead of handing it over, and the guard what a dead cache left", w, why)
 	case !gone && changed:
 		log.Infof("DaemonSet %s exists again: a stop hands the node over again", w)
 	case !gone && first:

@@ -85,6 +85,26 @@ func newUninstallAPI(t *testing.T, r *rig) *uninstallAPI {
 		_, err := client.AppsV1().DaemonSets(ds.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + ds.Name})
 		return err == nil
 	})
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What the cache and the guard asked the API, for the failure's story.
+		events, err := s.AuditEvents()
+		if err != nil {
+			t.Log(err)
+			return
+		}
+		for _, e := range events {
+			if strings.Contains(e.UserAgent, "node-cache") {
+				code := 0
+				if e.ResponseStatus != nil {
+					code = e.ResponseStatus.Code
+				}
+				t.Logf("audit: %s %s %s %d", e.Stage, e.Verb, e.RequestURI, code)
+			}
+		}
+	})
 	a.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
 	if err := s.WriteKubeconfig(a.kubeconfig, "https://"+relayIntoNode(t, r, strings.TrimPrefix(s.URL(), "https://")), tr.Status.Token); err != nil {
 		t.Fatal(err)
@@ -211,11 +231,29 @@ func TestUninstall(t *testing.T) {
 	r.waitLog(cache, "watching DaemonSet kube-system/node-local-dns", 1, eventually)
 	r.waitFor("the new cache's jumps", eventually, r.jumps)
 
-	// The uninstall.
+	// The uninstall, while a Pod asks the kube-dns ClusterIP (iptables mode: Pods know no other address):
+	// through the hand-over and drain, then kube-proxy's DNAT, every lookup is answered.
 	api.deleteLikeKubectl()
 	for _, p := range []*simnode.Process{cache, guard} {
 		r.waitLog(p, "DaemonSet kube-system/node-local-dns was deleted: this is an uninstall", 1, eventually)
 	}
+	stopLoad := make(chan struct{})
+	loaded := make(chan simnode.LoadResult, 1)
+	go func() {
+		res, err := r.n.RunLoad(context.Background(), r.n.PodNS, simnode.Load{
+			Server: kubeDNS, Name: "kubernetes.default.svc.cluster.local",
+			Rate: restartLoadRate, Duration: 2 * time.Second, Until: stopLoad, Timeout: time.Second,
+			Sockets: 32, SocketReuse: 20,
+		})
+		if err != nil {
+			t.Errorf("load: %v", err)
+		}
+		loaded <- res
+	}()
+	r.waitFor("the load answered by the cache", eventually, func() bool {
+		n, err := r.scrape(cacheMetrics, "coredns_dns_requests_total", "")
+		return err == nil && n >= 200
+	})
 	for _, p := range []*simnode.Process{cache, guard} {
 		kill(t, p, syscall.SIGTERM)
 	}
@@ -223,6 +261,12 @@ func TestUninstall(t *testing.T) {
 		if err := p.Wait(terminationGrace); err != nil && !strings.Contains(err.Error(), "exit status") {
 			t.Fatalf("not stopped within the grace period after SIGTERM: %v\n%s", err, p.Output())
 		}
+	}
+	close(stopLoad)
+	if res := <-loaded; res.Failed() != 0 {
+		t.Errorf("lookups to the kube-dns ClusterIP through the uninstall: %v", res)
+	} else {
+		t.Logf("lookups to the kube-dns ClusterIP through the uninstall: %v", res)
 	}
 	if !strings.Contains(cache.Output(), "uninstalling: removed the rules, the divert and nodelocaldns") {
 		t.Errorf("the cache did not remove everything:\n%s", cache.Output())
