@@ -62,7 +62,7 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
 	fs.BoolVar(&f.handover, "handover", true, "at exit, hand the node to the cluster DNS until the next start answers instead of removing the interface and rules (notrack handover): "+
 		"the kube-dns ClusterIP ($KUBE_DNS_SERVICE_HOST, when one of -localip) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP ($<SERVICE>_SERVICE_HOST); "+
-		"not an upstream flag; -cleanup removes everything")
+		"not an upstream flag; with -daemonset an uninstall removes everything instead, and -cleanup does otherwise")
 	fs.StringVar(&f.lockFile, "lockfile", "", "node-lock file that keeps a second cache off the node (notrack lock); not an upstream flag; default /run/nodelocaldns.lock")
 	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
 	fs.Var(&f.syncInterval, "syncinterval", `how often the rules and interface are checked (notrack sync), "60" or "60s"`)
