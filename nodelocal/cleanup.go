@@ -12,25 +12,35 @@ import (
 
 // Cleanup removes from the node everything a node cache and its guard may have left there: the cache's
 // jumps and chains in both families, the guard's divert, and the link (when this package created it) or
-// the addresses. It is for an uninstall: a cache that stops hands the node to the cluster DNS, or to a
-// successor, and leaves things in place on purpose. It takes the node lock first, so it fails with
-// KindNodeLock while a cache runs.
+// the addresses (see Reconciler.RemoveAll). It is for an uninstall: a cache that stops hands the node to the
+// cluster DNS, or to a successor, and leaves things in place on purpose. It takes the node lock first, so it
+// fails with KindNodeLock while a cache runs.
 func Cleanup(ctx context.Context, cfg Config) error {
 	r, err := New(cfg)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	errs := []error{r.Teardown(ctx)}
+	return r.RemoveAll(ctx)
+}
+
+// RemoveAll is Teardown followed by the removal of the fail-open guard's divert and its marks, which a
+// hand-over or the guard left: after it, nothing of the cache's or its guard's is on the node. It is how a
+// cache that is being uninstalled ends, and what Cleanup does.
+func (r *Reconciler) RemoveAll(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	errs := []error{r.teardownLocked(ctx)}
 	if !r.cfg.NoRules {
-		r.mu.Lock()
 		// Teardown chose the backend, unless nothing of the cache's nor of kube-proxy's is on the node.
 		if fw := r.fw.current(); fw != nil {
 			if _, err := fw.DeleteDivert(ctx, rules.Families); err != nil {
 				errs = append(errs, err)
 			}
 		}
-		r.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

@@ -34,6 +34,9 @@ func runCache(args []string) {
 	if err := startDropIn(flag.CommandLine, nc, directives); err != nil {
 		log.Fatalf("node-cache: %v", err)
 	}
+	if err := watchForUninstall(nc.uninstall); err != nil { // -daemonset (uninstall.go)
+		log.Fatalf("node-cache: %v", err)
+	}
 	registerStartupTrim() // trim.go: the binary's pages touched only while starting leave RSS
 	// coremain.Run parses the command line again, as CoreDNS's own main does: the values above, and -conf as
 	// the drop-in set it when -conf was not given.

@@ -54,10 +54,14 @@ func runCleanup(w io.Writer, nc *nodeCacheFlags, c *cleanupFlags) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	cfg := nodelocal.Config{Interface: nc.interfaceName, Backend: c.backend, LockPath: nc.lockFile, Logger: log}
-	if err := nodelocal.Cleanup(ctx, cfg); err != nil {
+	if err := nodelocal.Cleanup(ctx, cleanupConfig(nc, c.backend)); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "node-cache -cleanup: removed the rules, the divert and %s from this node\n", nc.interfaceName)
 	return nil
+}
+
+// cleanupConfig is the node as -cleanup, and the guard at the end of an uninstall, clean it up.
+func cleanupConfig(nc *nodeCacheFlags, backend string) nodelocal.Config {
+	return nodelocal.Config{Interface: nc.interfaceName, Backend: backend, LockPath: nc.lockFile, Logger: log}
 }

@@ -32,6 +32,8 @@ const (
 // the Corefile CoreDNS runs (see corefile.Expand), and the networking flags become notrack and upstreamsvc
 // directives there rather than code of their own.
 type nodeCacheFlags struct {
+	// uninstall is -daemonset and -kubeconfig, which the cache and the guard read (uninstall.go).
+	uninstall               *uninstallFlags
 	localIP                 string
 	upstreamSvc             string
 	baseCorefile            string
@@ -53,7 +55,7 @@ type nodeCacheFlags struct {
 // registerNodeCacheFlags defines the flags on fs. CoreDNS's own -conf, -dns.port and -pidfile are defined
 // by coremain and read back from fs when the flags are applied.
 func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
-	f := &nodeCacheFlags{syncInterval: syncInterval(defaultSyncInterval)}
+	f := &nodeCacheFlags{syncInterval: syncInterval(defaultSyncInterval), uninstall: registerUninstallFlags(fs)}
 	fs.StringVar(&f.localIP, "localip", "", "comma-separated IP addresses the cache listens on; turns on node-cache's drop-in mode")
 	fs.StringVar(&f.upstreamSvc, "upstreamsvc", defaultUpstreamSvc, "Service (in kube-system) in front of the cluster DNS: `forward . __PILLAR__CLUSTER__DNS__` becomes upstreamsvc for it")
 	fs.StringVar(&f.baseCorefile, "basecorefile", defaultBaseCorefile, "template Corefile (the node-local-dns ConfigMap)")
@@ -64,7 +66,7 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
 	fs.BoolVar(&f.handover, "handover", true, "at exit, hand the node to the cluster DNS until the next start answers instead of removing the interface and rules (notrack handover): "+
 		"the kube-dns ClusterIP ($KUBE_DNS_SERVICE_HOST, when one of -localip) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP ($<SERVICE>_SERVICE_HOST); "+
-		"not an upstream flag; -cleanup removes everything")
+		"not an upstream flag; with -daemonset an uninstall removes everything instead, and -cleanup does otherwise")
 	fs.StringVar(&f.lockFile, "lockfile", "", "node-lock file that keeps a second cache off the node (notrack lock); not an upstream flag; default /run/nodelocaldns.lock")
 	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
 	fs.Var(&f.syncInterval, "syncinterval", `how often the rules and interface are checked (notrack sync), "60" or "60s"`)

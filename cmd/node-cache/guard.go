@@ -178,6 +178,10 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 	cfg.Logger = log
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	uninstall, err := startUninstallWatch(nc.uninstall, nil) // -daemonset (uninstall.go)
+	if err != nil {
+		return err
+	}
 	var guard *nodelocal.Guard
 	if g.wait {
 		guard, err = nodelocal.NewGuardWhenFree(ctx, cfg, time.Second)
@@ -197,6 +201,12 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 		}
 	}
 	// The guard leaves the node as it is when it stops: a failed-open node stays failed open until the
-	// cache takes it back.
-	return guard.Run(ctx)
+	// cache takes it back. In an uninstall no cache takes it back, so what is left goes.
+	if err := guard.Run(ctx); err != nil {
+		return err
+	}
+	if gone, why := uninstall.decision(); gone {
+		return cleanUpAfterUninstall(cleanupConfig(nc, g.backend), why)
+	}
+	return nil
 }

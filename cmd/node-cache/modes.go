@@ -35,8 +35,8 @@ var sideModes = []sideMode{
 		define: func(fs *flag.FlagSet) runner { return newPreflightMode(fs) }},
 	{name: "verify", usage: "check a node after the rollout (link and addresses, rules and their position, answers on every -localip address, lookups untracked by conntrack, readiness), print a table and exit non-zero on any failure",
 		define: func(fs *flag.FlagSet) runner { return newVerifyMode(fs) }},
-	{name: "cleanup", usage: "remove everything a node cache and its guard left on the node (rules, divert, interface) and exit: for an uninstall, " +
-		"after the DaemonSet is gone; fails while a cache runs on the node",
+	{name: "cleanup", usage: "remove everything a node cache and its guard left on the node (rules, divert, interface) and exit: for an uninstall " +
+		"that did not (no -daemonset, or a cache killed before it was done), after the DaemonSet is gone; fails while a cache runs on the node",
 		define: func(fs *flag.FlagSet) runner { return newCleanupMode(fs) }},
 }
 

@@ -211,6 +211,21 @@ func TestChartOptions(t *testing.T) {
 			t.Errorf("init containers %d, containers %+v", len(pod.InitContainers), pod.Containers)
 		}
 	})
+	t.Run("no clean-up on uninstall", func(t *testing.T) {
+		objs, _ := mustRender(t, "--set", "cleanupOnUninstall=false")
+		if rules := objs.Roles[0].Rules; len(rules) != 1 || !slices.Equal(rules[0].Resources, []string{"services"}) {
+			t.Errorf("Role rules %+v, want the Service's only", rules)
+		}
+		pod := objs.DaemonSets[0].Spec.Template.Spec
+		for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+			if slices.Contains(c.Args, "-daemonset") {
+				t.Errorf("container %s watches its DaemonSet: %v", c.Name, c.Args)
+			}
+			if c.Name == "guard" && slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "node-lock" }) {
+				t.Error("the guard mounts the cache's node lock without a clean-up to do")
+			}
+		}
+	})
 	t.Run("selector as upstream's", func(t *testing.T) {
 		// A DaemonSet's selector cannot change: with upstream's, applying over its node-local-dns works.
 		objs, _ := mustRender(t)

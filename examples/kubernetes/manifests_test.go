@@ -4,11 +4,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -52,16 +54,29 @@ func TestManifests(t *testing.T) {
 				t.Errorf("DaemonSet runs as %q, the ServiceAccount is %q", pod.ServiceAccountName, sa.Name)
 			}
 
-			// RBAC: upstreamsvc lists and watches kube-dns-upstream in kube-system, nothing else.
+			// RBAC: upstreamsvc lists and watches kube-dns-upstream in kube-system, the cache and the guard
+			// their own DaemonSet, nothing else.
 			rb := objs.RoleBindings[0]
 			if rb.RoleRef.Name != objs.Roles[0].Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != sa.Name ||
 				rb.Subjects[0].Namespace != sa.Namespace {
 				t.Errorf("RoleBinding %+v does not bind the ServiceAccount to the Role", rb)
 			}
-			rule := objs.Roles[0].Rules[0]
-			if len(objs.Roles[0].Rules) != 1 || !slices.Equal(rule.Resources, []string{"services"}) ||
-				!slices.Equal(rule.ResourceNames, []string{"kube-dns-upstream"}) || !slices.Equal(rule.Verbs, []string{"list", "watch"}) {
-				t.Errorf("Role rule %+v", rule)
+			wantRules := []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"services"}, ResourceNames: []string{"kube-dns-upstream"}, Verbs: []string{"list", "watch"}},
+				{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds.Name}, Verbs: []string{"list", "watch"}},
+			}
+			if !reflect.DeepEqual(objs.Roles[0].Rules, wantRules) {
+				t.Errorf("Role rules %+v, want %+v", objs.Roles[0].Rules, wantRules)
+			}
+			// The cache and the guard watch that DaemonSet: its deletion is an uninstall. The guard then
+			// cleans up once the cache has let go of the node lock, which it mounts.
+			for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+				if i := slices.Index(c.Args, "-daemonset"); i < 0 || i+1 == len(c.Args) || c.Args[i+1] != ds.Namespace+"/"+ds.Name {
+					t.Errorf("container %s: args %v, want -daemonset %s/%s", c.Name, c.Args, ds.Namespace, ds.Name)
+				}
+				if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/run/nodelocaldns.lock" }) {
+					t.Errorf("container %s does not mount the node lock", c.Name)
+				}
 			}
 
 			// The Corefile: the typed configuration's template, free of hazards.

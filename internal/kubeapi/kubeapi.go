@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -575,17 +576,30 @@ func startProcess(name, binary, logPath string, args ...string) (*process, error
 	}
 	cmd := exec.Command(binary, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Should the test binary die without cleaning up, the kernel ends the server with it (where it can).
 	endWithTest(cmd)
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
 	p := &process{name: name, logPath: logPath, cmd: cmd, exited: make(chan struct{})}
+	// The kernel sends Pdeathsig when the thread that started the process ends, not the test binary (Go issue
+	// 27505), and a goroutine that locks its thread and never unlocks it ends that thread with it (simnode's
+	// Node.Do does, to enter a namespace): the server would die in the middle of the test. So the process is
+	// started, and waited for, on a thread that nothing else uses until it has exited.
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		p.waitErr = cmd.Wait()
 		logFile.Close()
 		close(p.exited)
 	}()
+	if err := <-started; err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
 	return p, nil
 }
 

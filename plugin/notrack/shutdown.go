@@ -21,7 +21,8 @@ const (
 )
 
 // finalShutdown hands the node over (to a successor that owns it already, or with handover to the cluster
-// DNS; see handoff.go), or removes the rules, then the addresses and the link (unless skip_teardown), within
+// DNS; see handoff.go), or removes the rules, then the addresses and the link (unless skip_teardown), or,
+// in an uninstall (SetUninstalling), everything of the cache's and its guard's (uninstall.go), within
 // teardownTimeout plus linkTeardownTimeout whatever else is shutting down (a drain adds drainTimeout). It runs from the first of: the
 // shutdown event (emitted before any shutdown callback), the last instance's OnShutdown, OnFinalShutdown.
 func (n *node) finalShutdown(reason string) error {
@@ -50,6 +51,12 @@ func (n *node) finalShutdown(reason string) error {
 			log.Errorf("%s: %v", reason, err)
 		}
 		return err
+	}
+	if uninstalling.Load() {
+		errs = append(errs, n.uninstallAtExit(reason, endpoints))
+		n.closeLocked()
+		n.rulesLogged = false
+		return errors.Join(errs...)
 	}
 	name := n.settings.Interface
 	if h, ok := n.settings.handoverConfig(); ok && !n.settings.NoRules && n.handOverAtExit(reason, h, endpoints) {

@@ -16,6 +16,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubeclient"
 )
 
 func init() { plugin.Register(pluginName, setup) }
@@ -111,7 +113,7 @@ func sharedWatch(c *caddy.Controller, cfg Config) (*serviceWatch, string, error)
 	if w, ok := c.Get(key).(*serviceWatch); ok {
 		return w, "", nil
 	}
-	rc, reason, err := restConfig(cfg.Kubeconfig)
+	rc, reason, err := kubeclient.Config(cfg.Kubeconfig, userAgent)
 	if err != nil || rc == nil {
 		return nil, reason, err
 	}

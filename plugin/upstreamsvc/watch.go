@@ -2,8 +2,6 @@ package upstreamsvc
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -13,9 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 const (
@@ -24,6 +20,8 @@ const (
 	apiStartupTimeout = 5 * time.Second
 	// watchStopTimeout bounds how long shutdown waits for the informer to return.
 	watchStopTimeout = 10 * time.Second
+	// userAgent names the plugin's requests to the API server.
+	userAgent = "nodelocaldns-upstreamsvc"
 )
 
 // follower receives what the API says about a Service.
@@ -56,28 +54,6 @@ func newServiceWatch(client *serviceClient, namespace, name string) *serviceWatc
 		name:      name,
 		selector:  fields.OneTermEqualSelector("metadata.name", name).String(),
 	}
-}
-
-// restConfig returns credentials for the Kubernetes API: from kubeconfig when given, else in-cluster.
-// It returns a nil config and the reason when neither is available; a kubeconfig that cannot be
-// loaded is an error, because the Corefile asked for it explicitly.
-func restConfig(kubeconfig string) (*rest.Config, string, error) {
-	if kubeconfig != "" {
-		rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, "", fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
-		}
-		return rest.AddUserAgent(rc, "nodelocaldns-upstreamsvc"), "", nil
-	}
-	rc, err := rest.InClusterConfig()
-	if errors.Is(err, rest.ErrNotInCluster) {
-		return nil, "no Kubernetes API (not running in a cluster and no kubeconfig given)", nil
-	}
-	if err != nil {
-		// A pod without a service-account token (automountServiceAccountToken: false) lands here.
-		return nil, fmt.Sprintf("no Kubernetes API (in-cluster credentials unusable: %v)", err), nil
-	}
-	return rest.AddUserAgent(rc, "nodelocaldns-upstreamsvc"), "", nil
 }
 
 func (w *serviceWatch) String() string { return w.namespace + "/" + w.name }

@@ -173,27 +173,29 @@ func (r *rig) writeCorefile(content string) {
 	}
 }
 
-// startCache starts the node cache and waits until its rules are in place.
-func (r *rig) startCache() *simnode.Process {
+// startCache starts the node cache, with extra arguments, and waits until its rules are in place.
+func (r *rig) startCache(extra ...string) *simnode.Process {
 	r.t.Helper()
-	p := r.n.Start(r.n.NodeNS, r.bin, "-conf", r.conf)
+	p := r.n.Start(r.n.NodeNS, r.bin, append([]string{"-conf", r.conf}, extra...)...)
 	r.cache = p
 	r.waitLog(p, "rules in place for", 1, 20*time.Second)
 	return p
 }
 
-// startGuard starts the guard with its defaults (probes every 250 ms, fail open after 3 failed rounds).
-func (r *rig) startGuard() *simnode.Process {
+// startGuard starts the guard with its defaults (probes every 250 ms, fail open after 3 failed rounds) and
+// extra arguments.
+func (r *rig) startGuard(extra ...string) *simnode.Process {
 	r.t.Helper()
 	args := []string{"-guard", "-localip", strings.Join(r.listen, ",")}
 	if has(r.listen, simnode.KubeDNSClusterIP) {
 		args = append(args, "-guard.serviceips", simnode.KubeDNSClusterIP)
 	}
-	p := r.n.Start(r.n.NodeNS, r.bin, append(args,
+	args = append(args,
 		"-guard.upstreamips", simnode.UpstreamClusterIP,
 		"-guard.backend", r.backend,
 		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"),
-		"-metrics-listen-address", guardMetrics)...)
+		"-metrics-listen-address", guardMetrics)
+	p := r.n.Start(r.n.NodeNS, r.bin, append(args, extra...)...)
 	r.guard = p
 	r.waitLog(p, "nodelocal guard: watching", 1, eventually)
 	return p
