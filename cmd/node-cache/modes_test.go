@@ -88,10 +88,12 @@ func TestModeFlagSets(t *testing.T) {
 	}
 	slices.Sort(all)
 	all = slices.Compact(all)
-	before := []string{"basecorefile", "cleanup", "cleanup.timeout", "conf", "corefile", "dns.port", "guard",
+	// Every flag there was before the modes had flag sets of their own, and -daemonset and -kubeconfig since
+	// (the uninstall watch of the cache and the guard).
+	before := []string{"basecorefile", "cleanup", "cleanup.timeout", "conf", "corefile", "daemonset", "dns.port", "guard",
 		"guard.backend", "guard.failafter", "guard.interval", "guard.lockpath", "guard.probename", "guard.recoverafter",
 		"guard.serviceips", "guard.timeout", "guard.upstreamips", "guard.wait", "handover", "health-port", "interfacename",
-		"kubednscm", "localip", "lockfile", "log-format", "metrics-listen-address", "p", "pidfile", "plugins",
+		"kubeconfig", "kubednscm", "localip", "lockfile", "log-format", "metrics-listen-address", "p", "pidfile", "plugins",
 		"preflight", "preflight.kubeletconfig", "preflight.resolvconf", "preflight.xtableslock",
 		"prometheus-listen-address", "quiet", "reloadwithsignal", "setupinterface", "setupiptables", "skipteardown",
 		"syncinterval", "upstreamsvc", "verify", "verify.domain", "verify.external", "verify.name", "verify.readyport",
