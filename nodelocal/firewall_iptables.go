@@ -244,18 +244,17 @@ func (f *iptablesFirewall) DeleteDivert(ctx context.Context, fams []rules.Family
 	return found, nil
 }
 
-// Diverted looks for the guard's chain in the nat table, and for its markers in the tables of the cache's
-// jumps (a divert half removed still marks the node).
+// Diverted looks for the guard's chain in the nat table: one read per family, for every sync of the cache.
+// A reclaim deletes it first (its table commits first), so a node whose reclaim is under way counts as the
+// cache's; UnhookCacheWhileDiverted checks the markers in the tables of the jumps themselves.
 func (f *iptablesFirewall) Diverted(ctx context.Context, fams []rules.Family) (bool, error) {
 	for _, fam := range f.Families(fams) {
-		for _, t := range append([]rules.Table{rules.NAT}, rules.GuardMarks...) {
-			ok, err := f.rules.ChainExists(ctx, fam, t, rules.GuardChain)
-			if err != nil {
-				return false, rulesError(fmt.Sprintf("look for the %s divert", fam), err)
-			}
-			if ok {
-				return true, nil
-			}
+		ok, err := f.rules.ChainExists(ctx, fam, rules.NAT, rules.GuardChain)
+		if err != nil {
+			return false, rulesError(fmt.Sprintf("look for the %s divert", fam), err)
+		}
+		if ok {
+			return true, nil
 		}
 	}
 	return false, nil
