@@ -55,6 +55,11 @@ type DivertRoute struct {
 	Masquerade bool
 }
 
+// endpoint is the cache's endpoint the route diverts.
+func (r DivertRoute) endpoint() Endpoint {
+	return Endpoint{Addr: r.From, Protocol: r.Protocol, Port: r.Port}
+}
+
 func (r DivertRoute) String() string {
 	return fmt.Sprintf("%s %s/%d to %v", r.From, r.Protocol, r.Port, r.To)
 }
@@ -67,18 +72,7 @@ func SortDivertRoutes(routes []DivertRoute) []DivertRoute {
 		out[i].To = slices.Clone(out[i].To)
 		slices.SortFunc(out[i].To, netip.AddrPort.Compare)
 	}
-	slices.SortFunc(out, func(a, b DivertRoute) int {
-		if c := a.From.Compare(b.From); c != 0 {
-			return c
-		}
-		if a.Protocol != b.Protocol {
-			if a.Protocol == UDP {
-				return -1
-			}
-			return 1
-		}
-		return int(a.Port) - int(b.Port)
-	})
+	slices.SortFunc(out, func(a, b DivertRoute) int { return a.endpoint().Compare(b.endpoint()) })
 	return out
 }
 

@@ -200,20 +200,23 @@ func Endpoints(addrs []netip.Addr, dnsPort uint16, extraTCPPorts []uint16) []End
 	return SortEndpoints(eps)
 }
 
+// Compare orders endpoints by address, then UDP before TCP, then port.
+func (e Endpoint) Compare(o Endpoint) int {
+	if c := e.Addr.Compare(o.Addr); c != 0 {
+		return c
+	}
+	if e.Protocol != o.Protocol {
+		if e.Protocol == UDP {
+			return -1
+		}
+		return 1
+	}
+	return int(e.Port) - int(o.Port)
+}
+
 // SortEndpoints sorts endpoints by address, then UDP before TCP, then port, and drops duplicates.
 func SortEndpoints(eps []Endpoint) []Endpoint {
-	slices.SortFunc(eps, func(a, b Endpoint) int {
-		if c := a.Addr.Compare(b.Addr); c != 0 {
-			return c
-		}
-		if a.Protocol != b.Protocol {
-			if a.Protocol == UDP {
-				return -1
-			}
-			return 1
-		}
-		return int(a.Port) - int(b.Port)
-	})
+	slices.SortFunc(eps, Endpoint.Compare)
 	return slices.Compact(eps)
 }
 
