@@ -201,14 +201,10 @@ func (n *node) succeed(in *instance, q *nodelocal.Successor) {
 func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Reconciler) {
 	life := n.lifeContext()
 	n.mu.Lock()
-	if n.handoff.successor != q {
+	if !n.adoptLocked(q, rec) {
 		n.mu.Unlock()
-		rec.Close()
 		return
 	}
-	n.handoff.successor = nil
-	q.Close()
-	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
 	migrateState := n.settings.Lock + ".tcp_migrate_req"
 	n.mu.Unlock()
 	n.steerToThisProcess(life, in, migrateState)
@@ -218,8 +214,7 @@ func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Rec
 		return // shut down meanwhile
 	}
 	err := n.acquireAnswering(in.ctx)
-	n.ensureRepairLoop(life)
-	n.watchSuccessor(life)
+	n.runOwnerLoopsLocked(life)
 	n.updateGauges()
 	n.mu.Unlock()
 	if err != nil {
@@ -227,6 +222,27 @@ func (n *node) takeOver(in *instance, q *nodelocal.Successor, rec *nodelocal.Rec
 	} else {
 		log.Infof("took the node over from %s", n.handoff.successorOf)
 	}
+}
+
+// adoptLocked makes rec, which the successor q took, this process's Reconciler, with no leases yet, and
+// ends the wait in line. It returns false, closing rec, when q is no longer the process's successor (the
+// instance stopped meanwhile). n.mu is held.
+func (n *node) adoptLocked(q *nodelocal.Successor, rec *nodelocal.Reconciler) bool {
+	if n.handoff.successor != q {
+		rec.Close()
+		return false
+	}
+	n.handoff.successor = nil
+	q.Close()
+	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
+	return true
+}
+
+// runOwnerLoopsLocked starts what an owner runs for as long as it owns the node: the repair loop and the
+// watch for a ready successor. n.mu is held.
+func (n *node) runOwnerLoopsLocked(life context.Context) {
+	n.ensureRepairLoop(life)
+	n.watchSuccessor(life)
 }
 
 // ownBeforeAnswering makes this process the owner of a node its owner let go of before this server
@@ -238,13 +254,9 @@ func (n *node) ownBeforeAnswering(q *nodelocal.Successor, rec *nodelocal.Reconci
 	life := n.lifeContext()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.handoff.successor != q {
-		rec.Close()
+	if !n.adoptLocked(q, rec) {
 		return
 	}
-	n.handoff.successor = nil
-	q.Close()
-	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
 	var errs []error
 	for in := range n.live {
 		ctx, cancel := context.WithTimeout(in.ctx, acquireTimeout)
@@ -252,8 +264,7 @@ func (n *node) ownBeforeAnswering(q *nodelocal.Successor, rec *nodelocal.Reconci
 		cancel()
 		errs = append(errs, err)
 	}
-	n.ensureRepairLoop(life)
-	n.watchSuccessor(life)
+	n.runOwnerLoopsLocked(life)
 	n.updateGauges()
 	if err := errors.Join(errs...); err != nil {
 		log.Errorf("%s stopped before this server answered, and taking the node over is not complete yet (retrying every %v): %v", n.handoff.successorOf, n.settings.Sync, err)
@@ -380,7 +391,7 @@ func (n *node) endTakeOverWhenAlone(life context.Context, all, steered []probeTa
 	defer t.Stop()
 	alone := func(network drain.Network, pt probeTarget) bool {
 		group, err := drain.Group(network, netip.AddrPortFrom(pt.addr, pt.port))
-		return err == nil && !slices.ContainsFunc(group, func(s drain.Socket) bool { return s.FD < 0 })
+		return err == nil && drain.Others(group) == 0
 	}
 	listeners := slices.Clone(all)
 	for len(steered) > 0 || len(listeners) > 0 {
@@ -520,8 +531,7 @@ func (n *node) retakeIfOrphaned(ctx context.Context, repair bool) error {
 	n.handoff.successorQueued.Store(false)
 	err = n.acquireAnswering(ctx)
 	if repair {
-		n.ensureRepairLoop(n.lifeContext())
-		n.watchSuccessor(n.lifeContext())
+		n.runOwnerLoopsLocked(n.lifeContext())
 	}
 	n.updateGauges()
 	log.Warningf("the successor left before it took the node over: took the node back")
