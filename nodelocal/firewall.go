@@ -14,7 +14,7 @@ import (
 // firewall is one rules backend as the node's state machines (Reconciler, Guard, ProbeExemption, the
 // successor's check) use it: iptables of one flavour (iptablesFirewall) or tables of our own over netlink
 // (nftablesFirewall). Everything the state machines ask of the rules goes through it, and nothing outside
-// the two implementations knows which one it is; selectFirewall picks it, and tests use fakeFirewall.
+// the two implementations knows which one it is; firewallChoice picks it, and tests use fakeFirewall.
 //
 // Operations that take families act on those families only (iptables keeps one set of chains per family,
 // and a node may lack IPv6's tables); nftables keeps both families in one table and ignores them. Errors
@@ -148,10 +148,14 @@ func familiesOf(addrs []netip.Addr) []rules.Family {
 }
 
 // familiesOfEndpoints returns the families of endpoints, sorted, each once.
-func familiesOfEndpoints(eps []rules.Endpoint) []rules.Family {
-	addrs := make([]netip.Addr, 0, len(eps))
+func familiesOfEndpoints(eps []rules.Endpoint) []rules.Family { return familiesOf(addressesOf(eps)) }
+
+// addressesOf returns the addresses of eps, sorted, each once.
+func addressesOf(eps []rules.Endpoint) []netip.Addr {
+	out := make([]netip.Addr, 0, len(eps))
 	for _, e := range eps {
-		addrs = append(addrs, e.Addr)
+		out = append(out, e.Addr)
 	}
-	return familiesOf(addrs)
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }

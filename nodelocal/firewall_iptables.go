@@ -66,18 +66,24 @@ func cacheRuleset(fam rules.Family, eps []rules.Endpoint, repliesOnly bool) rule
 	return rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: eps, RepliesOnly: repliesOnly})
 }
 
-func (f *iptablesFirewall) SyncCache(ctx context.Context, endpoints []rules.Endpoint) (cacheSync, error) {
-	byFamily := map[rules.Family][]rules.Endpoint{}
-	for _, e := range endpoints {
-		fam := rules.FamilyOf(e.Addr)
-		byFamily[fam] = append(byFamily[fam], e)
+// endpointsOfFamily returns those of eps of family fam: each family's chains hold its own.
+func endpointsOfFamily(eps []rules.Endpoint, fam rules.Family) []rules.Endpoint {
+	var out []rules.Endpoint
+	for _, e := range eps {
+		if rules.FamilyOf(e.Addr) == fam {
+			out = append(out, e)
+		}
 	}
+	return out
+}
+
+func (f *iptablesFirewall) SyncCache(ctx context.Context, endpoints []rules.Endpoint) (cacheSync, error) {
 	var (
 		errs []error
 		res  cacheSync
 	)
 	for _, fam := range rules.Families {
-		eps := byFamily[fam]
+		eps := endpointsOfFamily(endpoints, fam)
 		if len(eps) == 0 {
 			if err := f.removeFamily(ctx, fam, !f.leftoversChecked); err != nil {
 				errs = append(errs, err)
@@ -102,13 +108,9 @@ func (f *iptablesFirewall) SyncCache(ctx context.Context, endpoints []rules.Endp
 		}
 		f.lastRules[fam] = rs
 		res.Rules += sync.Rules
-		for _, e := range eps {
-			res.Covered = append(res.Covered, e.Addr)
-		}
+		res.Covered = append(res.Covered, addressesOf(eps)...)
 	}
 	f.leftoversChecked = true
-	slices.SortFunc(res.Covered, netip.Addr.Compare)
-	res.Covered = slices.Compact(res.Covered)
 	return res, errors.Join(errs...)
 }
 
@@ -142,13 +144,7 @@ func (f *iptablesFirewall) removeFamily(ctx context.Context, fam rules.Family, l
 // NarrowCache rewrites the raw chains to exempt only the cache's answers (rules.NodeCacheSpec.RepliesOnly).
 func (f *iptablesFirewall) NarrowCache(ctx context.Context, endpoints []rules.Endpoint) error {
 	for _, fam := range f.Families(familiesOfEndpoints(endpoints)) {
-		var eps []rules.Endpoint
-		for _, e := range endpoints {
-			if rules.FamilyOf(e.Addr) == fam {
-				eps = append(eps, e)
-			}
-		}
-		if _, err := f.rules.Sync(ctx, cacheRuleset(fam, eps, true)); err != nil {
+		if _, err := f.rules.Sync(ctx, cacheRuleset(fam, endpointsOfFamily(endpoints, fam), true)); err != nil {
 			return rulesError(fmt.Sprintf("narrow the %s rules to the answers", fam), err)
 		}
 	}
@@ -319,12 +315,7 @@ func (f *iptablesFirewall) Inspect(ctx context.Context, endpoints []rules.Endpoi
 	var out []RuleCheck
 	backend := "iptables-" + string(f.Mode())
 	for _, fam := range rules.Families {
-		var eps []rules.Endpoint
-		for _, e := range endpoints {
-			if rules.FamilyOf(e.Addr) == fam {
-				eps = append(eps, e)
-			}
-		}
+		eps := endpointsOfFamily(endpoints, fam)
 		if len(eps) == 0 {
 			continue
 		}
@@ -374,17 +365,6 @@ func (f *iptablesFirewall) Inspect(ctx context.Context, endpoints []rules.Endpoi
 				Detail: fmt.Sprintf("chain %s exists: the guard failed the node open and the cache has not taken it back", rules.GuardChain)})
 		default:
 			out = append(out, RuleCheck{Check: "fail-open", Target: target, OK: true, Detail: "no " + rules.GuardChain + " chain"})
-		}
-	}
-	return out
-}
-
-// addressesOf returns the addresses of eps, each once.
-func addressesOf(eps []rules.Endpoint) []netip.Addr {
-	var out []netip.Addr
-	for _, e := range eps {
-		if !slices.Contains(out, e.Addr) {
-			out = append(out, e.Addr)
 		}
 	}
 	return out

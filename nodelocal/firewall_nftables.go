@@ -54,13 +54,7 @@ func (f *nftablesFirewall) SyncCache(ctx context.Context, endpoints []rules.Endp
 	if len(endpoints) > 0 {
 		f.written = slices.Clone(endpoints)
 	}
-	out := cacheSync{Rules: res.Rules}
-	for _, e := range endpoints {
-		out.Covered = append(out.Covered, e.Addr)
-	}
-	slices.SortFunc(out.Covered, netip.Addr.Compare)
-	out.Covered = slices.Compact(out.Covered)
-	return out, nil
+	return cacheSync{Rules: res.Rules, Covered: addressesOf(endpoints)}, nil
 }
 
 // NarrowCache unhooks the cache's table: nftables has no way here to leave only the cache's answers

@@ -31,10 +31,9 @@ type firewallChoice struct {
 	// who starts each line logged ("nodelocal", "nodelocal guard").
 	who string
 	// since is when the first try found no kube-proxy rules on the node.
-	since  time.Time
+	since time.Time
+	// chosen is the firewall once chosen; tests set it to a fake.
 	chosen firewall
-	// open returns the firewall of a backend: the real one unless a test replaces it.
-	open func(b *rules.Backend, lockWait time.Duration, log Logger) firewall
 }
 
 // newFirewallChoice returns a chooser for the backend named by backend ("auto" or empty, "legacy", "nft",
@@ -47,7 +46,7 @@ func newFirewallChoice(backend string, wait, lockWait time.Duration, log Logger,
 	if log == nil {
 		log = discard{}
 	}
-	return &firewallChoice{mode: mode, wait: wait, lockWait: lockWait, log: log, who: who, open: openFirewall}, nil
+	return &firewallChoice{mode: mode, wait: wait, lockWait: lockWait, log: log, who: who}, nil
 }
 
 // openFirewall returns the real firewall of b.
@@ -69,7 +68,7 @@ func (c *firewallChoice) get(ctx context.Context) (firewall, error) {
 		return nil, rulesError("select rules backend", err)
 	}
 	c.log.Infof("%s: using rules backend %s (%s)", c.who, b.Mode, b.Reason)
-	c.chosen = c.open(b, c.lockWait, c.log)
+	c.chosen = openFirewall(b, c.lockWait, c.log)
 	return c.chosen, nil
 }
 

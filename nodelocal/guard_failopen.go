@@ -67,12 +67,7 @@ func (g *Guard) failOpenLocked(ctx context.Context) error {
 // a hand-over's or an earlier guard's), rewrites them while the node stays marked failed open. A failure
 // is logged and tried again at the next recheck.
 func (g *Guard) followEndpointsLocked(ctx context.Context, fw firewall) {
-	local, err := g.nodeAddrs(ctx)
-	if err != nil {
-		g.log.Warningf("nodelocal guard: could not check the divert against kube-dns-upstream's endpoints: %v", err)
-		return
-	}
-	plan, err := fw.PlanDivert(ctx, g.fams, g.diverts, local)
+	plan, err := planDivertNow(ctx, fw, g.nodeAddrs, g.fams, g.diverts)
 	if err != nil {
 		g.log.Warningf("nodelocal guard: could not check the divert against kube-dns-upstream's endpoints: %v", err)
 		return
@@ -96,11 +91,7 @@ func (g *Guard) followEndpointsLocked(ctx context.Context, fw firewall) {
 // the node has failed open in fams: the first step of a fail-open, by the guard or by a cache that stops
 // without a successor (Reconciler.HandOver).
 func writeDivert(ctx context.Context, fw firewall, nodeAddrs func(context.Context) ([]netip.Addr, error), fams []rules.Family, wants []rules.Divert) (divertPlan, error) {
-	local, err := nodeAddrs(ctx)
-	if err != nil {
-		return divertPlan{}, err
-	}
-	plan, err := fw.PlanDivert(ctx, fams, wants, local)
+	plan, err := planDivertNow(ctx, fw, nodeAddrs, fams, wants)
 	if err != nil {
 		return divertPlan{}, err
 	}
@@ -108,6 +99,15 @@ func writeDivert(ctx context.Context, fw firewall, nodeAddrs func(context.Contex
 		return divertPlan{}, err
 	}
 	return plan, nil
+}
+
+// planDivertNow plans the divert of wants with the node's addresses and kube-proxy's rules as they are now.
+func planDivertNow(ctx context.Context, fw firewall, nodeAddrs func(context.Context) ([]netip.Addr, error), fams []rules.Family, wants []rules.Divert) (divertPlan, error) {
+	local, err := nodeAddrs(ctx)
+	if err != nil {
+		return divertPlan{}, err
+	}
+	return fw.PlanDivert(ctx, fams, wants, local)
 }
 
 // keptOut is what keepOutLocked found and did.
