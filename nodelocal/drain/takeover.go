@@ -42,12 +42,7 @@ func TakeOver(local netip.AddrPort) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	others := 0
-	for _, s := range group {
-		if s.FD < 0 {
-			others++
-		}
-	}
+	others := Others(group)
 	if others == len(group) {
 		return len(group), fmt.Errorf("no udp socket of this process is bound to %s", local)
 	}
@@ -80,6 +75,17 @@ func TakingOver(local netip.AddrPort) bool {
 	return takeovers.addrs[unmapped(local)]
 }
 
+// Others returns how many sockets of group are another process's.
+func Others(group []Socket) int {
+	n := 0
+	for _, s := range group {
+		if s.FD < 0 {
+			n++
+		}
+	}
+	return n
+}
+
 func unmapped(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }
@@ -97,11 +103,7 @@ func HandListenersOver(endpoints []netip.AddrPort) (int, error) {
 		if err != nil {
 			return stopped, err
 		}
-		foreign := false
-		for _, s := range group {
-			foreign = foreign || s.FD < 0
-		}
-		if !foreign {
+		if Others(group) == 0 {
 			continue // nobody to hand the connections to
 		}
 		for _, s := range group {

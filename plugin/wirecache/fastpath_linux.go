@@ -140,7 +140,7 @@ func (fp *fastPath) stop() {
 	<-fp.steerDone
 	if group, err := drain.Group(drain.UDP, fp.local); err != nil {
 		log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
-	} else if !hasForeign(group) && !drain.TakingOver(fp.local) {
+	} else if drain.Others(group) == 0 && !drain.TakingOver(fp.local) {
 		if err := fp.steer(context.Background(), group, false); err != nil {
 			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
 		}

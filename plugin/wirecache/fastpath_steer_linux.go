@@ -63,7 +63,7 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 			// This process takes the address over from an older one: the takeover owns the group's
 			// program until the older sockets are gone (see drain.TakeOver).
 			setSteered(false)
-		case hasForeign(group):
+		case drain.Others(group) > 0:
 			if yielded {
 				break
 			}
@@ -111,15 +111,6 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func hasForeign(group []drain.Socket) bool {
-	for _, s := range group {
-		if s.FD < 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // groupSignature names the sockets of a group, in any order.
