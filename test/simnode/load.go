@@ -98,40 +98,18 @@ func (n *Node) RunLoad(ctx context.Context, ns string, l Load) (LoadResult, erro
 	}
 
 	// Sockets are made by one goroutine that lives in ns; they are used from anywhere.
-	dial := make(chan chan dialResult)
-	dialCtx, stopDialer := context.WithCancel(context.Background())
-	defer stopDialer()
-	dialerDone := make(chan error, 1)
-	go func() {
-		dialerDone <- n.Do(ns, func() error {
-			for {
-				select {
-				case <-dialCtx.Done():
-					return nil
-				case reply := <-dial:
-					c, err := net.Dial("udp", l.Server)
-					if err == nil {
-						err = stampArrivals(c.(*net.UDPConn))
-					}
-					if err != nil {
-						reply <- dialResult{err: err}
-						continue
-					}
-					reply <- dialResult{conn: c.(*net.UDPConn)}
-				}
-			}
-		})
-	}()
-	newConn := func() (*net.UDPConn, error) {
-		reply := make(chan dialResult, 1)
-		select {
-		case dial <- reply:
-		case err := <-dialerDone:
-			return nil, fmt.Errorf("load: the socket maker in %s ended: %v", ns, err)
+	newConn, stopDialer := dialerIn(n, ns, func() (*net.UDPConn, error) {
+		c, err := net.Dial("udp", l.Server)
+		if err != nil {
+			return nil, err
 		}
-		r := <-reply
-		return r.conn, r.err
-	}
+		if err := stampArrivals(c.(*net.UDPConn)); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c.(*net.UDPConn), nil
+	})
+	defer stopDialer()
 
 	var (
 		mu      sync.Mutex
@@ -301,9 +279,43 @@ func (n *Node) RunLoad(ctx context.Context, ns string, l Load) (LoadResult, erro
 	return res, nil
 }
 
-type dialResult struct {
-	conn *net.UDPConn
-	err  error
+// dialerIn opens connections with dial in namespace ns, on one goroutine that lives there, for callers
+// anywhere: open asks it for one, and fails once the goroutine has ended; stop ends it.
+func dialerIn[C any](n *Node, ns string, dial func() (C, error)) (open func() (C, error), stop func()) {
+	type dialed struct {
+		conn C
+		err  error
+	}
+	requests := make(chan chan dialed)
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	var endErr error
+	go func() {
+		defer close(ended)
+		endErr = n.Do(ns, func() error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case reply := <-requests:
+					c, err := dial()
+					reply <- dialed{c, err}
+				}
+			}
+		})
+	}()
+	open = func() (C, error) {
+		reply := make(chan dialed, 1)
+		select {
+		case requests <- reply:
+		case <-ended:
+			var zero C
+			return zero, fmt.Errorf("load: the socket maker in %s ended: %v", ns, endErr)
+		}
+		d := <-reply
+		return d.conn, d.err
+	}
+	return open, cancel
 }
 
 type outcome int

@@ -35,28 +35,9 @@ func (n *Node) RunTCPLoad(ctx context.Context, ns string, l Load) (LoadResult, e
 	framed = append(framed, query...)
 
 	// Connections are opened by one goroutine that lives in ns; they are used from anywhere.
-	type dialed struct {
-		conn net.Conn
-		err  error
-	}
-	dial := make(chan chan dialed)
-	dialCtx, stopDialer := context.WithCancel(context.Background())
+	d := net.Dialer{Timeout: l.Timeout}
+	open, stopDialer := dialerIn(n, ns, func() (net.Conn, error) { return d.Dial("tcp", l.Server) })
 	defer stopDialer()
-	dialerDone := make(chan error, 1)
-	go func() {
-		dialerDone <- n.Do(ns, func() error {
-			d := net.Dialer{Timeout: l.Timeout}
-			for {
-				select {
-				case <-dialCtx.Done():
-					return nil
-				case reply := <-dial:
-					c, err := d.Dial("tcp", l.Server)
-					reply <- dialed{c, err}
-				}
-			}
-		})
-	}()
 
 	var (
 		mu       sync.Mutex
@@ -66,27 +47,21 @@ func (n *Node) RunTCPLoad(ctx context.Context, ns string, l Load) (LoadResult, e
 	slots := make(chan struct{}, l.Sockets)
 	start := time.Now()
 	lookup := func(sent time.Time) outcome {
-		reply := make(chan dialed, 1)
-		select {
-		case dial <- reply:
-		case <-dialCtx.Done():
+		conn, err := open()
+		if err != nil {
 			return refused
 		}
-		d := <-reply
-		if d.err != nil {
-			return refused
-		}
-		defer d.conn.Close()
-		_ = d.conn.SetDeadline(sent.Add(l.Timeout))
-		if _, err := d.conn.Write(framed); err != nil {
+		defer conn.Close()
+		_ = conn.SetDeadline(sent.Add(l.Timeout))
+		if _, err := conn.Write(framed); err != nil {
 			return refused
 		}
 		var size [2]byte
-		if _, err := io.ReadFull(d.conn, size[:]); err != nil {
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
 			return timedOut
 		}
 		buf := make([]byte, binary.BigEndian.Uint16(size[:]))
-		if _, err := io.ReadFull(d.conn, buf); err != nil || len(buf) < 12 || buf[0] != query[0] || buf[1] != query[1] {
+		if _, err := io.ReadFull(conn, buf); err != nil || len(buf) < 12 || buf[0] != query[0] || buf[1] != query[1] {
 			return timedOut
 		}
 		if buf[3]&0x0f != dns.RcodeSuccess {
