@@ -119,8 +119,8 @@ func (c Claim) normalize() (Claim, error) {
 	}
 	addrs := make([]netip.Addr, 0, len(c.Addresses))
 	for _, a := range c.Addresses {
-		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
-			return c, fmt.Errorf("address %q cannot be a local DNS address", a)
+		if err := checkLocalAddress(a); err != nil {
+			return c, err
 		}
 		addrs = append(addrs, a.Unmap())
 	}
@@ -136,6 +136,14 @@ func (c Claim) normalize() (Claim, error) {
 	slices.Sort(ports)
 	c.ExtraTCPPorts = slices.Compact(ports)
 	return c, nil
+}
+
+// checkLocalAddress checks that a can be one of a cache's local addresses, as a Claim or a guard names them.
+func checkLocalAddress(a netip.Addr) error {
+	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+		return fmt.Errorf("address %q cannot be a local DNS address", a)
+	}
+	return nil
 }
 
 type discard struct{}

@@ -150,8 +150,8 @@ func (c GuardConfig) diverts() (ds []rules.Divert, undiverted []netip.Addr, err 
 		}
 	}
 	for _, a := range c.Addresses {
-		if !a.IsValid() || a.IsUnspecified() {
-			return nil, nil, fmt.Errorf("address %q cannot be a local DNS address", a)
+		if err := checkLocalAddress(a); err != nil {
+			return nil, nil, err
 		}
 		if slices.Contains(c.ServiceAddresses, a) {
 			continue
