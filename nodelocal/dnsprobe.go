@@ -53,3 +53,54 @@ func CheckProbeResponse(q, r *dns.Msg) error {
 func sameQuestion(a, b dns.Question) bool {
 	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && dns.CanonicalName(a.Name) == dns.CanonicalName(b.Name)
 }
+
+// Backoff between probes of an endpoint that did not answer yet, and how often that is logged.
+const (
+	awaitBackoffMin = 5 * time.Millisecond
+	awaitBackoffMax = 500 * time.Millisecond
+	awaitLogEvery   = 10 * time.Second
+)
+
+// AwaitAnswers probes every endpoint, each on its own, until probe succeeds there, with a growing pause
+// between failed probes, and logs to log every awaitLogEvery an endpoint has not answered. It returns
+// ctx's error if ctx ends first.
+func AwaitAnswers(ctx context.Context, endpoints []netip.AddrPort, probe ProbeFunc, log Logger) error {
+	errc := make(chan error, len(endpoints))
+	for _, e := range endpoints {
+		go func() { errc <- awaitAnswer(ctx, e, probe, log) }()
+	}
+	var first error
+	for range endpoints {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func awaitAnswer(ctx context.Context, endpoint netip.AddrPort, probe ProbeFunc, log Logger) error {
+	start := time.Now()
+	nextLog := start.Add(awaitLogEvery)
+	wait := awaitBackoffMin
+	for {
+		err := probe(ctx, endpoint)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if now := time.Now(); now.After(nextLog) {
+			log.Warningf("no answer from this server on %s after %v, rules for it wait: %v", endpoint, now.Sub(start).Round(time.Second), err)
+			nextLog = now.Add(awaitLogEvery)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, awaitBackoffMax)
+	}
+}

@@ -35,6 +35,26 @@
 // Reconciler.Reclaim once it answers; until then Ensure leaves the jumps out. Preflight checks a node before
 // a rollout.
 //
+// A Succession is a process's part in its node's changes of hands, with no moment in which nobody answers
+// (a rolling update that surges, a restart, a successor that dies midway). It reaches the DNS server only
+// through narrow hooks (a probe only this server answers, the count of queries in flight, and the caller's
+// Own and Release of the Reconciler); it steers the shared reuseport groups and drains the sockets itself:
+//
+//	Alone ── New fails (the lock is held), Queue ──► Waiting ── owner let go, server answers ──► TakingOver
+//	  │                                                 │                                            │
+//	  │ New, Own                  owner let go before   │ (Own: OwnerLeftFirst)       groups steered │ (Own: TookOver)
+//	  │                           the server answered   ▼                                            ▼
+//	  └───────────────────────────────────────────────► Owning ◄─────────────────────────────────────┘
+//	                                                     │   ▲
+//	                           successor Ready: HandOff, │   │ successor left without taking the node
+//	                           Release; all stays as is  ▼   │ (Own: TookBack)
+//	                                                   HandedOff: answers what still reaches it
+//
+// Leave ends it at exit: from Waiting it leaves the line; from HandedOff it hands the TCP listeners over
+// and drains the sockets, or, orphaned, owns the node again (Own: AtExit); from TakingOver it owns the
+// node at once (Own: AtExit); an owner then hands the node to the cluster DNS (HandOverAtExit) or tears
+// it down, and the next start takes it back once it answers.
+//
 // Nothing here depends on CoreDNS; the notrack plugin of this repository is one user. Everything here but
 // the errors is Linux's: on other systems the package builds with only its errors, ErrNotLinux among them,
 // and its subpackages do not build at all.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
@@ -27,7 +28,7 @@ var processStart = time.Now()
 // periodic repair, shutdown.go the final teardown). CoreDNS sets a plugin up once per server block and again
 // on every reload, but the link, the rules and the node lock belong to the process: the server blocks and
 // the successive Corefiles share one Reconciler, as CoreDNS plugins share listeners across reloads.
-var theNode = &node{probe: nodelocal.NewProbeExemption(0)}
+var theNode = newNode()
 
 type node struct {
 	mu sync.Mutex
@@ -52,7 +53,10 @@ type node struct {
 	// probe keeps the probe exemption in place while this process probes its own addresses.
 	probe *nodelocal.ProbeExemption
 
-	handoff handoffState
+	// succ is the process's part in the node's changes of hands (succession.go).
+	succ *nodelocal.Succession
+	// inflight counts the queries the plugin chains are answering.
+	inflight atomic.Int64
 }
 
 func (n *node) lifeContext() context.Context {
@@ -99,9 +103,9 @@ func (n *node) start(in *instance) error {
 		log.Infof("no_interface and no_rules: leaving the addresses and the rules to others")
 		return nil
 	}
-	if n.handoff.successor != nil || n.handoff.handedOff {
-		// A reload while the node changes hands: the owner's leases are taken over as a whole (succeed,
-		// retakeIfOrphaned), or not at all.
+	if st := n.succ.State(); st != nodelocal.Alone && st != nodelocal.Owning {
+		// A reload while the node changes hands: the owner's leases are taken over as a whole (own), or
+		// not at all.
 		n.live[in] = struct{}{}
 		n.settings = in.settings
 		return nil
@@ -109,7 +113,7 @@ func (n *node) start(in *instance) error {
 	if n.rec == nil {
 		rec, err := nodelocal.New(in.settings.reconcilerConfig())
 		if err != nil && first && nodelocal.KindOf(err) == nodelocal.KindNodeLock {
-			return n.startAsSuccessor(in, err)
+			return n.startAsSuccessor(life, in, err)
 		}
 		if err != nil {
 			countSetupError(err)
@@ -139,7 +143,7 @@ func (n *node) start(in *instance) error {
 	n.settings = in.settings
 	n.ensureRepairLoop(life)
 	if first {
-		n.watchSuccessor(life)
+		n.succ.Own(life, in.settings.reconcilerConfig(), n.rec)
 	}
 	n.updateGauges()
 	if n.settings.NoRules {

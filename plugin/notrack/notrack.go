@@ -27,9 +27,9 @@ func (n *Notrack) Name() string { return pluginName }
 
 // ServeDNS implements plugin.Handler.
 func (n *Notrack) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
-	// Counted so that a process that stops waits for the answers in progress (see drainSockets).
-	theNode.handoff.inflight.Add(1)
-	defer theNode.handoff.inflight.Add(-1)
+	// Counted so that a process that stops waits for the answers in progress (see nodelocal.Succession.Drain).
+	theNode.inflight.Add(1)
+	defer theNode.inflight.Add(-1)
 	if len(r.Question) == 1 && isProbe(r.Question[0]) {
 		if err := w.WriteMsg(probeAnswer(r)); err != nil {
 			return dns.RcodeServerFailure, plugin.Error(pluginName, err)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"syscall"
 	"time"
@@ -81,13 +82,6 @@ const probeExemptionTimeout = time.Second
 // probeTimeout bounds one probe; the handler answers at once, so only a server that is not there waits.
 const probeTimeout = time.Second
 
-// Backoff between probes of an address that did not answer yet, and how often that is logged.
-const (
-	probeBackoffMin = 5 * time.Millisecond
-	probeBackoffMax = 500 * time.Millisecond
-	probeLogEvery   = 10 * time.Second
-)
-
 type probeTarget struct {
 	endpoint
 	name string
@@ -129,45 +123,33 @@ func markSocket(_, _ string, c syscall.RawConn) error {
 	return nil
 }
 
-// probeAll probes every target until each has answered, with a growing pause between failed probes. It
-// returns ctx's error if ctx ends first.
+// probeAll probes every target until each has answered (nodelocal.AwaitAnswers). It returns ctx's error
+// if ctx ends first.
 func probeAll(ctx context.Context, targets []probeTarget) error {
-	errc := make(chan error, len(targets))
-	for _, t := range targets {
-		go func() { errc <- probeUntilAnswered(ctx, t) }()
-	}
-	var first error
-	for range targets {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	return nodelocal.AwaitAnswers(ctx, targetEndpoints(targets), proberOf(targets), log)
 }
 
-func probeUntilAnswered(ctx context.Context, t probeTarget) error {
-	start := time.Now()
-	nextLog := start.Add(probeLogEvery)
-	wait := probeBackoffMin
-	for {
-		err := probeOnce(ctx, t)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if now := time.Now(); now.After(nextLog) {
-			log.Warningf("no answer from this server on %s after %v, rules for it wait: %v", t.endpoint, now.Sub(start).Round(time.Second), err)
-			nextLog = now.Add(probeLogEvery)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, probeBackoffMax)
+// proberOf returns a probe of this server at the endpoint of each target, with the target's name.
+func proberOf(targets []probeTarget) nodelocal.ProbeFunc {
+	names := make(map[netip.AddrPort]string, len(targets))
+	for _, t := range targets {
+		names[netip.AddrPortFrom(t.addr.Unmap(), t.port)] = t.name
 	}
+	return func(ctx context.Context, ep netip.AddrPort) error {
+		name, ok := names[netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())]
+		if !ok {
+			return fmt.Errorf("no probe of this server's for %s", ep)
+		}
+		return probeOnce(ctx, probeTarget{endpoint{ep.Addr(), ep.Port()}, name})
+	}
+}
+
+func targetEndpoints(targets []probeTarget) []netip.AddrPort {
+	eps := make([]netip.AddrPort, len(targets))
+	for i, t := range targets {
+		eps[i] = netip.AddrPortFrom(t.addr, t.port)
+	}
+	return eps
 }
 
 // releaseProbeExemption ends one use of the probe exemption (every Acquire, failed or not, has one).

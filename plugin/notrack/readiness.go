@@ -19,7 +19,7 @@ const enableTimeout = 30 * time.Second
 
 // ready reports whether the block's rules are in place (or left to others) and the last sync succeeded.
 func (n *node) ready(b *block) bool {
-	if n.handoff.successorQueued.Load() {
+	if n.succ.SuccessorQueued() {
 		return false
 	}
 	n.mu.Lock()

@@ -21,7 +21,7 @@ const (
 )
 
 // finalShutdown hands the node over (to a successor that owns it already, or with handover to the cluster
-// DNS; see handoff.go), or removes the rules, then the addresses and the link (unless skip_teardown), or,
+// DNS; see succession.go), or removes the rules, then the addresses and the link (unless skip_teardown), or,
 // in an uninstall (SetUninstalling), everything of the cache's and its guard's (uninstall.go), within
 // teardownTimeout plus linkTeardownTimeout whatever else is shutting down (a drain adds drainTimeout). It runs from the first of: the
 // shutdown event (emitted before any shutdown callback), the last instance's OnShutdown, OnFinalShutdown.
@@ -41,7 +41,7 @@ func (n *node) finalShutdown(reason string) error {
 	if n.probe.Active() {
 		errs = append(errs, n.probe.RemoveAll(ctx))
 	}
-	if n.leaveToSuccessor(ctx, reason, endpoints) {
+	if n.succ.Leave(ctx, reason, endpoints) {
 		return errors.Join(errs...)
 	}
 	if n.rec == nil {
@@ -59,7 +59,7 @@ func (n *node) finalShutdown(reason string) error {
 		return errors.Join(errs...)
 	}
 	name := n.settings.Interface
-	if h, ok := n.settings.handoverConfig(); ok && !n.settings.NoRules && n.handOverAtExit(reason, h, endpoints) {
+	if h, ok := n.settings.handoverConfig(); ok && !n.settings.NoRules && n.succ.HandOverAtExit(reason, n.rec, h, endpoints, teardownTimeout) {
 		n.closeLocked()
 		n.rulesLogged = false
 		return errors.Join(errs...)

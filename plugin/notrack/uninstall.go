@@ -35,7 +35,7 @@ func (n *node) uninstallAtExit(reason string, endpoints []netip.AddrPort) error 
 			countSetupError(err)
 			log.Warningf("%s: uninstalling: handing the node to the cluster DNS first failed, removing everything at once: %v", reason, err)
 		} else {
-			n.drainSockets(reason, endpoints)
+			n.succ.Drain(reason, endpoints)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
