@@ -15,7 +15,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // BenchmarkSync measures one steady-state sync (Reconciler.Ensure: link, addresses and the rules of both

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // Cleanup removes from the node everything a node cache and its guard may have left there: the cache's

@@ -9,9 +9,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // DefaultInterface is the link's name unless configured otherwise.

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // iptablesFirewall is the firewall of an iptables flavour (legacy or nft): chains of our own in the raw and

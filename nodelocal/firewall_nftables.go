@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // nftablesFirewall is the firewall for kube-proxy's nftables mode: tables of family inet of our own (the

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // firewallChoice picks a node's rules backend the same way for every user on the node, so that the cache,

@@ -14,9 +14,9 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // DefaultGuardLockPath is the guard's lock file unless configured otherwise. It is not the cache's node

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"net/netip"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // A fail-open, step by step: the guard's (failOpenLocked, then keepOutLocked at each recheck while the node

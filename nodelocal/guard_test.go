@@ -18,7 +18,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 var (

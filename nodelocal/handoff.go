@@ -10,8 +10,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // A node changes hands in one of two ways.

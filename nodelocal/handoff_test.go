@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // kubeProxyUpstream is kube-proxy's iptables-mode rule set for a kube-dns-upstream ClusterIP.

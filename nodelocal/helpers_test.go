@@ -18,7 +18,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 var (

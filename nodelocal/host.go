@@ -9,7 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
 )
 
 // linkOps is what the state machines do with the link that holds the cache's addresses: *link.Manager on

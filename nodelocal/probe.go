@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // ProbeMark is the firewall mark of a cache's probes of its own addresses; the probe exemption exempts

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
 )
 
 // Reconciler owns a node's link, addresses and rules for a node-local DNS cache. It serves the union of

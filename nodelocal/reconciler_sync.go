@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // How a Reconciler's syncs put the leases' claims in place (syncLocked), take the node back from a

@@ -20,9 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 var dualStack = Claim{Addresses: []netip.Addr{addrA, addrV6}, ExtraTCPPorts: []uint16{8080}}

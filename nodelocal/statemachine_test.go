@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // The state machines on a fake node (fake_test.go): no root, no namespace, every interleaving a table row.

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/nodelock"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
 )
 
 // Pauses and bounds of a Succession.

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/drain"
 )
 
 // Bounds and pauses of the sockets' part in a change of hands.

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/drain"
 )
 
 // The Succession's state machine, without root: two processes are two Successions in this one, sharing a

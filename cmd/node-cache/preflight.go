@@ -11,7 +11,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/preflight"
 )
 
 // preflightFlags are the -preflight mode's own flags. The mode reads -localip and -interfacename of the
@@ -25,9 +25,9 @@ type preflightFlags struct {
 
 func registerPreflightFlags(fs *flag.FlagSet) *preflightFlags {
 	p := &preflightFlags{}
-	fs.StringVar(&p.resolvConf, "preflight.resolvconf", nodelocal.DefaultResolvConf, "the resolv.conf the cache forwards to")
-	fs.StringVar(&p.xtablesLock, "preflight.xtableslock", nodelocal.DefaultXtablesLock, "the xtables lock file as the cache's container sees it")
-	fs.StringVar(&p.kubeletConfig, "preflight.kubeletconfig", nodelocal.DefaultKubeletConfig, "kubelet's configuration file, for clusterDNS in IPVS mode")
+	fs.StringVar(&p.resolvConf, "preflight.resolvconf", preflight.DefaultResolvConf, "the resolv.conf the cache forwards to")
+	fs.StringVar(&p.xtablesLock, "preflight.xtableslock", preflight.DefaultXtablesLock, "the xtables lock file as the cache's container sees it")
+	fs.StringVar(&p.kubeletConfig, "preflight.kubeletconfig", preflight.DefaultKubeletConfig, "kubelet's configuration file, for clusterDNS in IPVS mode")
 	registerBackendFlag(fs, &p.backend)
 	return p
 }
@@ -66,7 +66,7 @@ func runPreflight(w io.Writer, nc *nodeCacheFlags, p *preflightFlags) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fs := nodelocal.Preflight(ctx, nodelocal.PreflightConfig{
+	fs := preflight.Run(ctx, preflight.Config{
 		Interface:     nc.interfaceName,
 		Addresses:     addrs,
 		Backend:       p.backend,
@@ -77,7 +77,7 @@ func runPreflight(w io.Writer, nc *nodeCacheFlags, p *preflightFlags) error {
 	for _, f := range fs {
 		fmt.Fprintln(w, f)
 	}
-	if nodelocal.HasErrors(fs) {
+	if preflight.HasErrors(fs) {
 		return errPreflightFailed
 	}
 	return nil

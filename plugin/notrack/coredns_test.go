@@ -34,7 +34,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 func TestMain(m *testing.M) {
@@ -47,9 +47,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var backendTools = map[rules.Mode][]string{
-	rules.Legacy: {"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	rules.NFT:    {"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore"},
+var backendTools = map[nodelocal.Backend][]string{
+	nodelocal.BackendLegacy: {"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"},
+	nodelocal.BackendNFT:    {"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore"},
 }
 
 // logBuffer records what CoreDNS and the plugin log.
@@ -77,13 +77,13 @@ func (l *logBuffer) since(mark int) string { return l.String()[mark:] }
 // ClusterIP pointing at a stand-in kube-dns on loopback.
 type nsEnv struct {
 	t       *testing.T
-	mode    rules.Mode
+	mode    nodelocal.Backend
 	lock    string
 	log     *logBuffer
 	kubeDNS atomic.Int64 // queries the stand-in kube-dns got
 }
 
-func inNamespace(t *testing.T, mode rules.Mode) *nsEnv {
+func inNamespace(t *testing.T, mode nodelocal.Backend) *nsEnv {
 	t.Helper()
 	privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[mode]...)...)
 	if !netnstest.Run(t) {
@@ -135,7 +135,7 @@ func (e *nsEnv) ours() []string {
 				e.t.Fatalf("%s: %v: %s", save, err, out)
 			}
 			for l := range strings.SplitSeq(string(out), "\n") {
-				if strings.Contains(l, "nodelocaldns") || strings.Contains(l, rules.DefaultChain) {
+				if strings.Contains(l, "nodelocaldns") || strings.Contains(l, nodelocal.RulesChain) {
 					if i := strings.Index(l, " ["); strings.HasPrefix(l, ":") && i > 0 {
 						l = l[:i]
 					}
@@ -153,7 +153,7 @@ func (e *nsEnv) covered() []string {
 	var addrs []string
 	for _, l := range e.ours() {
 		f := strings.Fields(l)
-		if len(f) < 4 || f[1] != "raw" || f[2] != "-A" || f[3] != rules.DefaultChain {
+		if len(f) < 4 || f[1] != "raw" || f[2] != "-A" || f[3] != nodelocal.RulesChain {
 			continue
 		}
 		if i := slices.Index(f, "-d"); i > 0 {
@@ -293,12 +293,12 @@ func shutdown(t *testing.T, inst *caddy.Instance) time.Duration {
 // TestLifecycle runs CoreDNS with notrack on 169.254.20.10 and the kube-dns ClusterIP 10.96.0.10 through its
 // start, reloads and final shutdown.
 func TestLifecycle(t *testing.T) {
-	for _, mode := range []rules.Mode{rules.NFT, rules.Legacy} {
+	for _, mode := range []nodelocal.Backend{nodelocal.BackendNFT, nodelocal.BackendLegacy} {
 		t.Run(string(mode), func(t *testing.T) { testLifecycle(t, mode) })
 	}
 }
 
-func testLifecycle(t *testing.T, mode rules.Mode) {
+func testLifecycle(t *testing.T, mode nodelocal.Backend) {
 	e := inNamespace(t, mode)
 	if e == nil {
 		return
@@ -411,7 +411,7 @@ func testLifecycle(t *testing.T, mode rules.Mode) {
 // TestRulesWaitForTheServer drops the probes: the addresses go in, the rules wait, ready says not ready.
 // Once the probes get through, the rules follow.
 func TestRulesWaitForTheServer(t *testing.T) {
-	e := inNamespace(t, rules.NFT)
+	e := inNamespace(t, nodelocal.BackendNFT)
 	if e == nil {
 		return
 	}
@@ -443,7 +443,7 @@ func TestFailedStartLeavesNothing(t *testing.T) {
 		{"health-tcp", "tcp", "0.0.0.0:8080"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := inNamespace(t, rules.NFT)
+			e := inNamespace(t, nodelocal.BackendNFT)
 			if e == nil {
 				return
 			}
@@ -482,7 +482,7 @@ func TestFailedStartLeavesNothing(t *testing.T) {
 
 // TestSkipTeardown leaves the link and the rules at shutdown; the next start takes them over.
 func TestSkipTeardown(t *testing.T) {
-	e := inNamespace(t, rules.NFT)
+	e := inNamespace(t, nodelocal.BackendNFT)
 	if e == nil {
 		return
 	}
@@ -509,7 +509,7 @@ func TestSkipTeardown(t *testing.T) {
 // TestShutdownIsBounded holds the xtables lock, so that iptables-legacy cannot remove the rules: the
 // shutdown event still returns while the lock is held, cut short by the teardown's deadline, and the link goes.
 func TestShutdownIsBounded(t *testing.T) {
-	e := inNamespace(t, rules.Legacy)
+	e := inNamespace(t, nodelocal.BackendLegacy)
 	if e == nil {
 		return
 	}
@@ -589,7 +589,7 @@ func TestLeaveEverythingToOthers(t *testing.T) {
 // xtables lock held, so iptables-legacy cannot remove the rules), the reload must still succeed: caddy
 // takes an error from a shutdown callback for a failed reload. The failure is logged instead.
 func TestReloadWithoutNotrackNeverFails(t *testing.T) {
-	e := inNamespace(t, rules.Legacy)
+	e := inNamespace(t, nodelocal.BackendLegacy)
 	if e == nil {
 		return
 	}

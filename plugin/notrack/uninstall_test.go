@@ -9,7 +9,7 @@ import (
 
 	"github.com/coredns/caddy"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 // TestUninstallRemovesEverything: with handover, a final shutdown hands the node to the cluster DNS and
@@ -18,7 +18,7 @@ import (
 func TestUninstallRemovesEverything(t *testing.T) {
 	for _, uninstall := range []bool{false, true} {
 		t.Run(map[bool]string{false: "restart", true: "uninstall"}[uninstall], func(t *testing.T) {
-			e := inNamespace(t, rules.NFT)
+			e := inNamespace(t, nodelocal.BackendNFT)
 			if e == nil {
 				return
 			}
@@ -34,7 +34,7 @@ func TestUninstallRemovesEverything(t *testing.T) {
 			if !uninstall {
 				e.waitLog("handed the node to the cluster DNS")
 				e.expectLink("169.254.20.10")
-				if !strings.Contains(strings.Join(e.ours(), "\n"), rules.GuardChain) {
+				if !strings.Contains(strings.Join(e.ours(), "\n"), nodelocal.GuardChain) {
 					t.Errorf("the hand-over left no divert marks:\n%s", strings.Join(e.ours(), "\n"))
 				}
 				return
@@ -45,7 +45,7 @@ func TestUninstallRemovesEverything(t *testing.T) {
 			if err != nil {
 				t.Fatalf("iptables-save -t nat: %v: %s", err, out)
 			}
-			if strings.Contains(string(out), rules.GuardChain) {
+			if strings.Contains(string(out), nodelocal.GuardChain) {
 				t.Errorf("the divert is left in nat:\n%s", out)
 			}
 		})

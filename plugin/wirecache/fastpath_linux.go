@@ -15,7 +15,7 @@ import (
 
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin/pkg/reuseport"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,9 +138,9 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 func (fp *fastPath) stop() {
 	fp.steerStop()
 	<-fp.steerDone
-	if group, err := drain.Group(drain.UDP, fp.local); err != nil {
+	if group, err := nodelocal.UDPGroup(fp.local); err != nil {
 		log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
-	} else if drain.Others(group) == 0 && !drain.TakingOver(fp.local) {
+	} else if nodelocal.OthersInGroup(group) == 0 && !nodelocal.UDPGroupTakenOver(fp.local) {
 		if err := fp.steer(context.Background(), group, false); err != nil {
 			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
 		}

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/coredns/caddy"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 // TestFastPathStopLeavesTheSocket stops an instance and checks that the fast path's socket has left the
@@ -25,11 +25,11 @@ func TestFastPathStopLeavesTheSocket(t *testing.T) {
 	defer inst.Stop()
 	waitFastPathSteered(t, server, addr)
 	local := netip.MustParseAddrPort(addr)
-	if group, err := drain.Own(drain.UDP, local); err != nil || len(group) != 2 {
+	if group, err := nodelocal.UDPGroup(local); err != nil || len(group)-nodelocal.OthersInGroup(group) != 2 {
 		t.Fatalf("sockets on %s: %v %v, want CoreDNS's and the fast path's", addr, group, err)
 	}
 	inst.ShutdownCallbacks()
-	if group, err := drain.Own(drain.UDP, local); err != nil || len(group) != 1 {
+	if group, err := nodelocal.UDPGroup(local); err != nil || len(group)-nodelocal.OthersInGroup(group) != 1 {
 		t.Fatalf("sockets on %s after the fast path stopped: %v %v, want CoreDNS's alone", addr, group, err)
 	}
 	if got := gaugeValue(t, fastPathSteered, server); got != 0 {

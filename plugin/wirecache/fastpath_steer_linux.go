@@ -11,7 +11,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 
 	"github.com/miekg/dns"
 )
@@ -19,7 +19,7 @@ import (
 // How the fast path keeps its address's reuseport group steered to its socket, and yields it.
 
 // keepSteered steers the group to the fast path's socket, and checks every steerCheck who is in the group.
-// While this process takes the address over from an older one (drain.TakingOver) it leaves the group's
+// While this process takes the address over from an older one (nodelocal.UDPGroupTakenOver) it leaves the group's
 // program to the takeover. While another process has sockets there (a successor that must prove it answers, then takes the node
 // over and steers the group itself), the fast path gives the group back to the kernel's hash once, if it
 // was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
@@ -52,18 +52,18 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 		if fp.servers != nil {
 			fp.servers.trim()
 		}
-		group, err := drain.Group(drain.UDP, fp.local)
+		group, err := nodelocal.UDPGroup(fp.local)
 		switch {
 		case err != nil:
 			if msg := err.Error(); msg != lastErr {
 				log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
 				lastErr = msg
 			}
-		case drain.TakingOver(fp.local):
+		case nodelocal.UDPGroupTakenOver(fp.local):
 			// This process takes the address over from an older one: the takeover owns the group's
-			// program until the older sockets are gone (see drain.TakeOver).
+			// program until the older sockets are gone (see nodelocal.Succession's takeover).
 			setSteered(false)
-		case drain.Others(group) > 0:
+		case nodelocal.OthersInGroup(group) > 0:
 			if yielded {
 				break
 			}
@@ -82,7 +82,7 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 				log.Infof("fast path on %s: another process listens on the address too; the group is left to it", fp.srv.Addr)
 				break
 			}
-			if err := drain.Unsteer(drain.UDP, fp.local); err != nil {
+			if err := nodelocal.UnsteerUDPGroup(fp.local); err != nil {
 				log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
 			}
 			log.Infof("fast path on %s: another process listens on the address too; its packets are spread by the kernel's hash and the group is left to that process", fp.srv.Addr)
@@ -114,7 +114,7 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 }
 
 // groupSignature names the sockets of a group, in any order.
-func groupSignature(group []drain.Socket) string {
+func groupSignature(group []nodelocal.ReuseportSocket) string {
 	inodes := make([]uint64, len(group))
 	for i, s := range group {
 		inodes[i] = s.Inode
@@ -127,8 +127,8 @@ func groupSignature(group []drain.Socket) string {
 // process, and checks with a probe that packets land there. group is the group's sockets, all this
 // process's: another process's group is not this one's to steer. Socket indexes move as sockets leave, so each
 // index is tried until a probe lands where it should.
-func (fp *fastPath) steer(ctx context.Context, group []drain.Socket, toUs bool) error {
-	if !slices.ContainsFunc(group, func(s drain.Socket) bool { return s.FD == fp.fd }) {
+func (fp *fastPath) steer(ctx context.Context, group []nodelocal.ReuseportSocket, toUs bool) error {
+	if !slices.ContainsFunc(group, func(s nodelocal.ReuseportSocket) bool { return s.FD == fp.fd }) {
 		return fmt.Errorf("the fast path's socket is no longer bound to %s", fp.local)
 	}
 	n := len(group)
@@ -141,7 +141,7 @@ func (fp *fastPath) steer(ctx context.Context, group []drain.Socket, toUs bool) 
 		order = append(order, uint32(i))
 	}
 	for _, index := range order {
-		if err := drain.SteerTo(drain.UDP, fp.local, index); err != nil {
+		if err := nodelocal.SteerUDPGroup(fp.local, index); err != nil {
 			return err
 		}
 		landed, err := fp.probeOnce(ctx)
@@ -155,7 +155,7 @@ func (fp *fastPath) steer(ctx context.Context, group []drain.Socket, toUs bool) 
 			return nil
 		}
 	}
-	if err := drain.Unsteer(drain.UDP, fp.local); err != nil {
+	if err := nodelocal.UnsteerUDPGroup(fp.local); err != nil {
 		return err
 	}
 	if toUs {

@@ -18,7 +18,7 @@ import (
 
 	manifests "github.com/nodelocaldns/nodelocaldns/examples/kubernetes"
 	"github.com/nodelocaldns/nodelocaldns/internal/kubeapi"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
@@ -188,14 +188,14 @@ func (r *rig) checkNothingLeft() {
 		if tables := r.ourTables(); len(tables) > 0 {
 			r.t.Errorf("tables left behind: %v", tables)
 		}
-	} else if r.anyJump() || r.chainRules("raw", rules.DefaultChain) != -1 || r.chainRules("filter", rules.DefaultChain) != -1 {
+	} else if r.anyJump() || r.chainRules("raw", nodelocal.RulesChain) != -1 || r.chainRules("filter", nodelocal.RulesChain) != -1 {
 		r.t.Errorf("rules left behind:\n%s\n%s", r.mustIpt("-t", "raw", "-S"), r.mustIpt("-t", "filter", "-S"))
 	}
 	for _, table := range []string{"nat", "raw", "filter"} {
 		if r.n.Mode == simnode.NFTablesMode {
 			break
 		}
-		if out, err := r.ipt("-t", table, "-S", rules.GuardChain); err == nil {
+		if out, err := r.ipt("-t", table, "-S", nodelocal.GuardChain); err == nil {
 			r.t.Errorf("the divert or its mark is left in %s:\n%s", table, out)
 		}
 	}

@@ -5,6 +5,7 @@ package drain
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"syscall"
@@ -224,5 +225,50 @@ func TestSteeringSurvivesOlderSocketsLeaving(t *testing.T) {
 					older, newer, tc.olderGets)
 			}
 		})
+	}
+}
+
+// A fast path's Prefer and Yield change nothing while a takeover holds the group: the takeover's program
+// stays, so new packets keep going to this process's sockets while the older ones drain.
+func TestPreferAndYieldLeaveATakeoverAlone(t *testing.T) {
+	_, first, err := reuseport("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	addr := first.LocalAddr().String()
+	_, second, err := reuseport("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	local := netip.MustParseAddrPort(addr)
+
+	// The takeover steers to the first socket (as if the older process had none left in the group yet).
+	if err := SteerTo(UDP, local, 0); err != nil {
+		t.Fatal(err)
+	}
+	takeovers.mu.Lock()
+	takeovers.addrs[local] = true
+	takeovers.mu.Unlock()
+	if err := Prefer(local, 1); !errors.Is(err, ErrTakenOver) {
+		t.Errorf("Prefer during a takeover: %v, want ErrTakenOver", err)
+	}
+	if err := Yield(local); !errors.Is(err, ErrTakenOver) {
+		t.Errorf("Yield during a takeover: %v, want ErrTakenOver", err)
+	}
+	sendFromManyPorts(t, addr, 16)
+	if got := received(t, first); got != 16 {
+		t.Errorf("the takeover's socket got %d of 16 packets: its program was changed", got)
+	}
+	if err := EndTakeOver(local); err != nil {
+		t.Fatal(err)
+	}
+	if err := Prefer(local, 1); err != nil {
+		t.Fatalf("Prefer after the takeover: %v", err)
+	}
+	sendFromManyPorts(t, addr, 16)
+	if got := received(t, second); got != 16 {
+		t.Errorf("the preferred socket got %d of 16 packets", got)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package nodelocal
+package preflight
 
 import (
 	"bufio"
@@ -20,8 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // Severity grades a preflight Finding.
@@ -57,7 +58,7 @@ func HasErrors(fs []Finding) bool {
 	return slices.ContainsFunc(fs, func(f Finding) bool { return f.Severity == SeverityError })
 }
 
-// Defaults of PreflightConfig's paths.
+// Defaults of Config's paths.
 const (
 	DefaultResolvConf    = "/etc/resolv.conf"
 	DefaultXtablesLock   = "/run/xtables.lock"
@@ -67,10 +68,10 @@ const (
 	IPVSInterface = "kube-ipvs0"
 )
 
-// PreflightConfig says what the cache is about to do on the node, and where to read the node's state.
+// Config says what the cache is about to do on the node, and where to read the node's state.
 // The paths are there so that the checks can be run against synthetic state.
-type PreflightConfig struct {
-	// Interface is the cache's link; DefaultInterface when empty.
+type Config struct {
+	// Interface is the cache's link; nodelocal.DefaultInterface when empty.
 	Interface string
 	// Addresses are the cache's local addresses (the link-local one, and the kube-dns ClusterIP in
 	// iptables mode).
@@ -88,9 +89,9 @@ type PreflightConfig struct {
 	KubeletConfig string
 }
 
-func (c PreflightConfig) withDefaults() PreflightConfig {
+func (c Config) withDefaults() Config {
 	if c.Interface == "" {
-		c.Interface = DefaultInterface
+		c.Interface = nodelocal.DefaultInterface
 	}
 	if c.Backend == "" {
 		c.Backend = string(rules.Auto)
@@ -110,11 +111,11 @@ func (c PreflightConfig) withDefaults() PreflightConfig {
 	return c
 }
 
-// Preflight runs the rollout checklist against the node it runs on, read-only: kube-proxy's mode and what
+// Run runs the rollout checklist against the node it runs on, read-only: kube-proxy's mode and what
 // it means for the addresses, the local addresses already in use, the iptables backend, a node cache
 // already present, a resolver loop, the capabilities and the xtables lock. Each check adds one or more
 // findings; none changes anything.
-func Preflight(ctx context.Context, cfg PreflightConfig) []Finding {
+func Run(ctx context.Context, cfg Config) []Finding {
 	cfg = cfg.withDefaults()
 	st := readNodeState(ctx, cfg)
 	return slices.Concat(
@@ -152,7 +153,7 @@ type routeInfo struct {
 	link string
 }
 
-func readNodeState(ctx context.Context, _ PreflightConfig) nodeState {
+func readNodeState(ctx context.Context, _ Config) nodeState {
 	st := nodeState{links: map[string]linkInfo{}, saves: map[rules.Mode][]byte{}}
 	names := map[int]string{}
 	links, err := netlink.LinkList()
@@ -218,7 +219,7 @@ var (
 	upstreamComment   = regexp.MustCompile(`(?m)^-A .*NodeLocal DNS Cache`)
 )
 
-func checkKubeProxyMode(cfg PreflightConfig, st nodeState) []Finding {
+func checkKubeProxyMode(cfg Config, st nodeState) []Finding {
 	const check = "kube-proxy mode"
 	if ipvs, ok := st.links[IPVSInterface]; ok {
 		var bound []netip.Addr
@@ -257,7 +258,7 @@ type kubeletConfiguration struct {
 // kube-dns ClusterIP, and must: pointing it at the link-local address before the cache answers there would
 // send every new Pod's lookups to an address nothing serves. So that is guidance in the safe order, not an
 // error. ipvsAddrs are the ClusterIPs on kube-ipvs0.
-func checkKubeletClusterDNS(cfg PreflightConfig, ipvsAddrs []netip.Addr) Finding {
+func checkKubeletClusterDNS(cfg Config, ipvsAddrs []netip.Addr) Finding {
 	const check = "kube-proxy mode"
 	order := fmt.Sprintf("roll out the cache first; once its Pod is Ready on this node (node-cache -verify passes), set kubelet's clusterDNS to %s, restart kubelet, then restart the workloads so that their resolv.conf names it",
 		cfg.Addresses[0])
@@ -290,7 +291,7 @@ func checkKubeletClusterDNS(cfg PreflightConfig, ipvsAddrs []netip.Addr) Finding
 		kc.ClusterDNS, IPVSInterface), order}
 }
 
-func checkAddressesInUse(cfg PreflightConfig, st nodeState) []Finding {
+func checkAddressesInUse(cfg Config, st nodeState) []Finding {
 	const check = "local addresses"
 	if st.linksErr != nil || st.routesErr != nil {
 		return []Finding{{check, SeverityError, fmt.Sprintf("could not read links and routes: %v", errors.Join(st.linksErr, st.routesErr)), "run with CAP_NET_ADMIN in the host's network namespace"}}
@@ -318,7 +319,7 @@ func checkAddressesInUse(cfg PreflightConfig, st nodeState) []Finding {
 	return fs
 }
 
-func checkBackend(cfg PreflightConfig, st nodeState) []Finding {
+func checkBackend(cfg Config, st nodeState) []Finding {
 	const check = "rules backend"
 	mode, err := rules.ParseMode(cfg.Backend)
 	if err != nil {
@@ -364,7 +365,7 @@ func checkBackend(cfg PreflightConfig, st nodeState) []Finding {
 		return []Finding{{check, SeverityWarning, "KUBE-* chains are in both iptables-legacy and iptables-nft: an old kube-proxy or kubelet left rules behind",
 			"find which backend kube-proxy uses now (its logs) and set the cache's backend to it"}}
 	case len(kube) == 0 && mode == rules.Auto:
-		return []Finding{{check, SeverityWarning, "no kube-proxy rules in iptables or nftables yet: the cache waits up to " + DefaultBackendWait.String() +
+		return []Finding{{check, SeverityWarning, "no kube-proxy rules in iptables or nftables yet: the cache waits up to " + nodelocal.DefaultBackendWait.String() +
 			" for them, then falls back to what the node's other rules suggest (iptables-nft when there are none)",
 			"start kube-proxy first, or set the backend explicitly on nodes without kube-proxy"}}
 	case len(kube) == 0:
@@ -376,7 +377,7 @@ func checkBackend(cfg PreflightConfig, st nodeState) []Finding {
 	return []Finding{{Check: check, Severity: SeverityOK, Message: fmt.Sprintf("kube-proxy's rules are in iptables-%s; the cache uses %s", kube[0], mode)}}
 }
 
-func checkForeignCache(cfg PreflightConfig, st nodeState) []Finding {
+func checkForeignCache(cfg Config, st nodeState) []Finding {
 	const check = "other node cache"
 	var fs []Finding
 	for _, m := range []rules.Mode{rules.Legacy, rules.NFT} {
@@ -395,7 +396,7 @@ func checkForeignCache(cfg PreflightConfig, st nodeState) []Finding {
 	return fs
 }
 
-func checkResolvConf(cfg PreflightConfig) []Finding {
+func checkResolvConf(cfg Config) []Finding {
 	const check = "resolv.conf"
 	data, err := os.ReadFile(cfg.ResolvConf)
 	if err != nil {
@@ -430,7 +431,7 @@ const (
 	capNetRaw   = 13
 )
 
-func checkCapabilities(cfg PreflightConfig) []Finding {
+func checkCapabilities(cfg Config) []Finding {
 	const check = "capabilities"
 	data, err := os.ReadFile(cfg.ProcStatus)
 	if err != nil {
@@ -469,7 +470,7 @@ func capEff(status []byte) (uint64, error) {
 	return 0, errors.New("no CapEff line")
 }
 
-func checkXtablesLock(cfg PreflightConfig, st nodeState) []Finding {
+func checkXtablesLock(cfg Config, st nodeState) []Finding {
 	const check = "xtables lock"
 	fi, err := os.Stat(cfg.XtablesLock)
 	if err == nil && fi.Mode().IsRegular() {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package nodelocal
+package preflight
 
 import (
 	"context"
@@ -13,17 +13,18 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/link"
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/rules"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/link"
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
 // preflightFiles writes a healthy node's files into a temporary directory and returns a config that
 // reads them.
-func preflightFiles(t *testing.T) PreflightConfig {
+func preflightFiles(t *testing.T) Config {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := PreflightConfig{
-		Addresses:     []netip.Addr{addrA, guardClusterIP},
+	cfg := Config{
+		Addresses:     []netip.Addr{addrA, clusterIP},
 		ResolvConf:    filepath.Join(dir, "resolv.conf"),
 		XtablesLock:   filepath.Join(dir, "xtables.lock"),
 		ProcStatus:    filepath.Join(dir, "status"),
@@ -64,7 +65,7 @@ func TestPreflightOnAHealthyNode(t *testing.T) {
 	inNamespaceNFT(t, func(t *testing.T, e *env) {
 		cfg := preflightFiles(t)
 		e.restore(rules.IPv4, "*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n")
-		fs := Preflight(context.Background(), cfg)
+		fs := Run(context.Background(), cfg)
 		for _, f := range fs {
 			t.Log(f)
 		}
@@ -81,7 +82,7 @@ func TestPreflightOnAHealthyNode(t *testing.T) {
 
 		// Configured for the other backend than kube-proxy's.
 		cfg.Backend = "legacy"
-		expectFinding(t, Preflight(context.Background(), cfg), "rules backend", SeverityError, "configured for legacy")
+		expectFinding(t, Run(context.Background(), cfg), "rules backend", SeverityError, "configured for legacy")
 	})
 }
 
@@ -89,35 +90,35 @@ func TestPreflightKubeProxyModes(t *testing.T) {
 	inNamespaceNFT(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		cfg := preflightFiles(t)
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "no kube-proxy rules")
+		expectFinding(t, Run(ctx, cfg), "kube-proxy mode", SeverityWarning, "no kube-proxy rules")
 
-		expectFinding(t, Preflight(ctx, cfg), "rules backend", SeverityWarning, "no kube-proxy rules in iptables or nftables yet")
+		expectFinding(t, Run(ctx, cfg), "rules backend", SeverityWarning, "no kube-proxy rules in iptables or nftables yet")
 
 		run(t, "nft", "add", "table", "ip", "kube-proxy")
-		fs := Preflight(ctx, cfg)
+		fs := Run(ctx, cfg)
 		expectFinding(t, fs, "kube-proxy mode", SeverityOK, "nftables (table ip kube-proxy)")
 		expectFinding(t, fs, "rules backend", SeverityOK, "kube-proxy runs in nftables mode (table ip kube-proxy); the cache uses nftables")
 		legacy := cfg
 		legacy.Backend = "legacy"
-		expectFinding(t, Preflight(ctx, legacy), "rules backend", SeverityWarning, "configured for iptables-legacy")
+		expectFinding(t, Run(ctx, legacy), "rules backend", SeverityWarning, "configured for iptables-legacy")
 		e.restore(rules.IPv4, "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n")
-		expectFinding(t, Preflight(ctx, cfg), "rules backend", SeverityError, "both in nftables (table ip kube-proxy) and in iptables-nft")
+		expectFinding(t, Run(ctx, cfg), "rules backend", SeverityError, "both in nftables (table ip kube-proxy) and in iptables-nft")
 		e.restore(rules.IPv4, "*nat\n-X KUBE-SERVICES\nCOMMIT\n")
 		run(t, "nft", "delete", "table", "ip", "kube-proxy")
 
 		// IPVS: kube-ipvs0 holds the ClusterIP.
 		run(t, "ip", "link", "add", IPVSInterface, "type", "bridge")
 		run(t, "ip", "addr", "add", "10.96.0.10/32", "dev", IPVSInterface)
-		fs = Preflight(ctx, cfg)
+		fs = Run(ctx, cfg)
 		expectFinding(t, fs, "kube-proxy mode", SeverityError, "IPVS: kube-ipvs0 holds [10.96.0.10]")
 		expectFinding(t, fs, "local addresses", SeverityOK, "on no other link")
 
 		// IPVS with the link-local address only: kubelet's clusterDNS decides, and before the rollout it
 		// rightly names the kube-dns ClusterIP: guidance in the safe order, not an error.
 		cfg.Addresses = []netip.Addr{addrA}
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not read kubelet's configuration")
+		expectFinding(t, Run(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not read kubelet's configuration")
 		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS:\n- 10.96.0.10\nclusterDomain: cluster.local\n")
-		fs = Preflight(ctx, cfg)
+		fs = Run(ctx, cfg)
 		expectFinding(t, fs, "kube-proxy mode", SeverityWarning, "clusterDNS is [10.96.0.10], the kube-dns ClusterIP on kube-ipvs0")
 		if HasErrors(fs) {
 			t.Errorf("errors on an IPVS node before the rollout: %v", fs)
@@ -129,11 +130,11 @@ func TestPreflightKubeProxyModes(t *testing.T) {
 			}
 		}
 		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS:\n- 192.0.2.10\n")
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "neither one of the cache's addresses nor a ClusterIP")
+		expectFinding(t, Run(ctx, cfg), "kube-proxy mode", SeverityWarning, "neither one of the cache's addresses nor a ClusterIP")
 		write(t, cfg.KubeletConfig, "kind: KubeletConfiguration\nclusterDNS: [\"169.254.20.10\"]\n")
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityOK, "IPVS; kubelet's clusterDNS is [169.254.20.10]")
+		expectFinding(t, Run(ctx, cfg), "kube-proxy mode", SeverityOK, "IPVS; kubelet's clusterDNS is [169.254.20.10]")
 		write(t, cfg.KubeletConfig, "clusterDNS: [169.254.20.10\n")
-		expectFinding(t, Preflight(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not parse kubelet's configuration")
+		expectFinding(t, Run(ctx, cfg), "kube-proxy mode", SeverityWarning, "could not parse kubelet's configuration")
 	})
 }
 
@@ -144,10 +145,10 @@ func TestPreflightAddressesInUse(t *testing.T) {
 		run(t, "ip", "link", "add", "other0", "type", "bridge")
 		run(t, "ip", "link", "set", "other0", "up")
 		run(t, "ip", "route", "add", "169.254.0.0/16", "dev", "other0")
-		expectFinding(t, Preflight(ctx, cfg), "local addresses", SeverityWarning, "169.254.20.10 is inside route 169.254.0.0/16 dev other0")
+		expectFinding(t, Run(ctx, cfg), "local addresses", SeverityWarning, "169.254.20.10 is inside route 169.254.0.0/16 dev other0")
 		run(t, "ip", "route", "del", "169.254.0.0/16", "dev", "other0")
 		run(t, "ip", "addr", "add", "10.96.0.10/32", "dev", "other0")
-		expectFinding(t, Preflight(ctx, cfg), "local addresses", SeverityError, "10.96.0.10 is already on link other0")
+		expectFinding(t, Run(ctx, cfg), "local addresses", SeverityError, "10.96.0.10 is already on link other0")
 	})
 }
 
@@ -156,24 +157,24 @@ func TestPreflightForeignCache(t *testing.T) {
 		ctx := context.Background()
 		cfg := preflightFiles(t)
 		// Our own link from an earlier run is fine.
-		m, err := link.New(link.Options{Name: DefaultInterface})
+		m, err := link.New(link.Options{Name: nodelocal.DefaultInterface})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := m.Ensure(ctx, []netip.Addr{addrA}); err != nil {
 			t.Fatal(err)
 		}
-		expectFinding(t, Preflight(ctx, cfg), "other node cache", SeverityOK, "no upstream")
+		expectFinding(t, Run(ctx, cfg), "other node cache", SeverityOK, "no upstream")
 		if err := m.Teardown(ctx); err != nil {
 			t.Fatal(err)
 		}
 		// Upstream's node-cache creates the link without our alias.
-		run(t, "ip", "link", "add", DefaultInterface, "type", "bridge")
-		expectFinding(t, Preflight(ctx, cfg), "other node cache", SeverityError, "was not created by nodelocaldns")
-		run(t, "ip", "link", "del", DefaultInterface)
+		run(t, "ip", "link", "add", nodelocal.DefaultInterface, "type", "bridge")
+		expectFinding(t, Run(ctx, cfg), "other node cache", SeverityError, "was not created by nodelocaldns")
+		run(t, "ip", "link", "del", nodelocal.DefaultInterface)
 		// And comments its rules so.
 		e.restore(rules.IPv4, "*raw\n-A PREROUTING -d 169.254.20.10/32 -p udp -m udp --dport 53 -m comment --comment \"NodeLocal DNS Cache: skip conntrack\" -j NOTRACK\nCOMMIT\n")
-		expectFinding(t, Preflight(ctx, cfg), "other node cache", SeverityError, "iptables-"+string(e.mode)+" holds rules commented")
+		expectFinding(t, Run(ctx, cfg), "other node cache", SeverityError, "iptables-"+string(e.mode)+" holds rules commented")
 	})
 }
 
@@ -182,21 +183,21 @@ func TestPreflightFiles(t *testing.T) {
 		ctx := context.Background()
 		cfg := preflightFiles(t)
 		write(t, cfg.ResolvConf, "nameserver 192.0.2.53\nnameserver 169.254.20.10\n")
-		expectFinding(t, Preflight(ctx, cfg), "resolv.conf", SeverityError, "forward to itself")
+		expectFinding(t, Run(ctx, cfg), "resolv.conf", SeverityError, "forward to itself")
 		write(t, cfg.ResolvConf, "search example.org\n")
-		expectFinding(t, Preflight(ctx, cfg), "resolv.conf", SeverityWarning, "names no nameserver")
+		expectFinding(t, Run(ctx, cfg), "resolv.conf", SeverityWarning, "names no nameserver")
 
 		write(t, cfg.ProcStatus, "CapEff:\t0000000000002000\n") // NET_RAW only
-		expectFinding(t, Preflight(ctx, cfg), "capabilities", SeverityError, "missing NET_ADMIN")
+		expectFinding(t, Run(ctx, cfg), "capabilities", SeverityError, "missing NET_ADMIN")
 		write(t, cfg.ProcStatus, "CapEff:\t0000000000000000\n")
-		expectFinding(t, Preflight(ctx, cfg), "capabilities", SeverityError, "missing NET_ADMIN and NET_RAW")
+		expectFinding(t, Run(ctx, cfg), "capabilities", SeverityError, "missing NET_ADMIN and NET_RAW")
 
 		if err := os.Remove(cfg.XtablesLock); err != nil {
 			t.Fatal(err)
 		}
-		expectFinding(t, Preflight(ctx, cfg), "xtables lock", SeverityWarning, "missing")
+		expectFinding(t, Run(ctx, cfg), "xtables lock", SeverityWarning, "missing")
 		cfg.Backend = "legacy"
-		fs := Preflight(ctx, cfg)
+		fs := Run(ctx, cfg)
 		expectFinding(t, fs, "xtables lock", SeverityError, "the backend is legacy")
 		if !HasErrors(fs) {
 			t.Error("HasErrors is false")

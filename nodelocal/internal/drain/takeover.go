@@ -16,9 +16,9 @@ import (
 // process's sockets are gone (EndTakeOver); wirecache's fast path steers the group to its own socket
 // within this process, and gives it back to the kernel's hash when another process joins, so that the
 // newcomer can prove that it answers. While this process takes an address over, the takeover owns the
-// group's program and the fast path leaves it alone (TakingOver): giving the group back to the hash then
-// would send new packets to the older process's sockets again, which drop what is queued on them when
-// they close.
+// group's program and the fast path's Prefer and Yield change nothing (ErrTakenOver), in the same step
+// as they check: giving the group back to the hash then would send new packets to the older process's
+// sockets again, which drop what is queued on them when they close.
 //
 // The takeovers are the process's: the group's program is one per group whoever sets it, so whoever sets it
 // in this process must know. They are the only state of this package.
@@ -38,6 +38,8 @@ var takeovers = struct {
 // older sockets too) as soon as an older socket closes, while the first of ours keeps its index for as
 // long as the older process has no more sockets than this one (the same configuration has as many).
 func TakeOver(local netip.AddrPort) (int, error) {
+	takeovers.mu.Lock()
+	defer takeovers.mu.Unlock()
 	group, err := Group(UDP, local)
 	if err != nil {
 		return 0, err
@@ -49,12 +51,9 @@ func TakeOver(local netip.AddrPort) (int, error) {
 	if err := SteerTo(UDP, local, uint32(others)); err != nil {
 		return len(group), fmt.Errorf("steer udp %s to this process: %w", local, err)
 	}
-	if others == 0 {
-		return len(group), nil
+	if others > 0 {
+		takeovers.addrs[unmapped(local)] = true
 	}
-	takeovers.mu.Lock()
-	defer takeovers.mu.Unlock()
-	takeovers.addrs[unmapped(local)] = true
 	return len(group), nil
 }
 
@@ -62,8 +61,36 @@ func TakeOver(local netip.AddrPort) (int, error) {
 // process's sockets are gone (or the takeover failed), and the fast path may steer the group again.
 func EndTakeOver(local netip.AddrPort) error {
 	takeovers.mu.Lock()
+	defer takeovers.mu.Unlock()
 	delete(takeovers.addrs, unmapped(local))
-	takeovers.mu.Unlock()
+	return Unsteer(UDP, local)
+}
+
+// ErrTakenOver is returned by Prefer and Yield while this process takes the address over from an older
+// one: the takeover steers the group until the older sockets are gone.
+var ErrTakenOver = errors.New("this process takes the address over from an older one, whose takeover steers the group")
+
+// Prefer steers the UDP group of local to the socket at index for a user of this process's that shares
+// the group with no other process (wirecache's fast path), unless a takeover holds the group: then it
+// changes nothing and returns ErrTakenOver. The check and the change are one step, so a takeover that
+// starts meanwhile is never undone.
+func Prefer(local netip.AddrPort, index uint32) error {
+	takeovers.mu.Lock()
+	defer takeovers.mu.Unlock()
+	if takeovers.addrs[unmapped(local)] {
+		return ErrTakenOver
+	}
+	return SteerTo(UDP, local, index)
+}
+
+// Yield gives the UDP group of local back to the kernel's hash for such a user, unless a takeover holds
+// the group (ErrTakenOver).
+func Yield(local netip.AddrPort) error {
+	takeovers.mu.Lock()
+	defer takeovers.mu.Unlock()
+	if takeovers.addrs[unmapped(local)] {
+		return ErrTakenOver
+	}
 	return Unsteer(UDP, local)
 }
 

@@ -1,0 +1,41 @@
+//go:build linux
+
+package nodelocal
+
+import (
+	"net/netip"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/drain"
+)
+
+// A UDP reuseport group has one program, which picks the socket for each new packet, and two users in a
+// cache process: a Succession taking the node over steers every new packet to this process while an older
+// one drains, and a DNS server's fast path (wirecache's) steers the group to a socket of its own while no
+// other process shares the group. The takeover's wins: while it holds a group, SteerUDPGroup and
+// UnsteerUDPGroup change nothing and return ErrTakenOver, checked and applied in one step.
+
+// ReuseportSocket is a socket of a reuseport group: its inode, and its descriptor in this process (FD),
+// or -1 when it is another process's.
+type ReuseportSocket = drain.Socket
+
+// ErrTakenOver is returned while this process takes the address over from an older one.
+var ErrTakenOver = drain.ErrTakenOver
+
+// UDPGroup returns the UDP sockets bound to local, in the order they joined its group.
+func UDPGroup(local netip.AddrPort) ([]ReuseportSocket, error) { return drain.Group(drain.UDP, local) }
+
+// OthersInGroup returns how many sockets of group are another process's.
+func OthersInGroup(group []ReuseportSocket) int { return drain.Others(group) }
+
+// UDPGroupTakenOver reports whether this process steers the group of local to itself while an older process's
+// sockets drain.
+func UDPGroupTakenOver(local netip.AddrPort) bool { return drain.TakingOver(local) }
+
+// SteerUDPGroup sends every new UDP packet for local to the socket at index in its group (indexes follow
+// the order of joining, except that a socket leaving hands its index to the last one: check where packets
+// land). It returns ErrTakenOver, changing nothing, while a takeover holds the group.
+func SteerUDPGroup(local netip.AddrPort, index uint32) error { return drain.Prefer(local, index) }
+
+// UnsteerUDPGroup gives the group of local back to the kernel's hash, unless a takeover holds it
+// (ErrTakenOver).
+func UnsteerUDPGroup(local netip.AddrPort) error { return drain.Yield(local) }
