@@ -262,7 +262,7 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		return nil, configError("check guard configuration", err)
 	}
 	g := &Guard{cfg: cfg, log: cfg.Logger, diverts: ds, fams: familiesOf(cfg.Addresses), link: m, probe: cfg.Probe,
-		nodeAddrs: NodeAddresses, forgetFlows: forgetLocalFlows, fw: fw}
+		nodeAddrs: nodeAddresses, forgetFlows: forgetLocalFlows, fw: fw}
 	if g.probe == nil {
 		g.probe = DNSProbe(cfg.ProbeName, cfg.ProbeType, cfg.ProbeTimeout)
 	}

@@ -28,10 +28,10 @@ type linkOps interface {
 
 var _ linkOps = (*link.Manager)(nil)
 
-// NodeAddresses returns every address of the node's network namespace, on any link, IPv4-mapped ones
+// nodeAddresses returns every address of the node's network namespace, on any link, IPv4-mapped ones
 // unmapped, sorted. A divert to an upstream that is one of them stays on the node; a successor checks
 // that the owner's addresses are there before it serves them.
-func NodeAddresses(ctx context.Context) ([]netip.Addr, error) {
+func nodeAddresses(ctx context.Context) ([]netip.Addr, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

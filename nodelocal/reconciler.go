@@ -103,7 +103,7 @@ func newReconciler(cfg Config, lock *nodelock.Lock) (*Reconciler, error) {
 		log:         cfg.Logger,
 		leases:      map[*Lease]struct{}{},
 		fw:          fw,
-		nodeAddrs:   NodeAddresses,
+		nodeAddrs:   nodeAddresses,
 		forgetFlows: forgetLocalFlows,
 	}
 	if !cfg.NoInterface {

@@ -168,7 +168,7 @@ func NewSuccession(hooks SuccessionHooks, log Logger) (*Succession, error) {
 		sockets:        kernelSockets{},
 		log:            log,
 		ownerEndpoints: (*Successor).OwnerEndpoints,
-		nodeAddrs:      NodeAddresses,
+		nodeAddrs:      nodeAddresses,
 		adopt:          func(*Reconciler) {},
 	}, nil
 }
