@@ -68,7 +68,7 @@ func (n *node) own(ctx context.Context, rec *nodelocal.Reconciler, how nodelocal
 	n.rec, n.leases = rec, map[claimKey]*sharedLease{}
 	var err error
 	if how == nodelocal.OwnerLeftFirst {
-		var errs []error
+		errs := make([]error, 0, len(n.live))
 		for in := range n.live {
 			actx, cancel := context.WithTimeout(in.ctx, acquireTimeout)
 			_, err := n.acquire(actx, in)
