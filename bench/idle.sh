@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Idle benchmark: what a node cache costs on a node that asks it nothing, on a simulated node, for the
+# node-cache build as the manifests run it (alone, and with its fail-open guard beside it), the same build
+# with upstream node-cache's Corefile, and unbound, in interleaved rounds.
+#
+#   bench/idle.sh                    # 3 rounds of 10 s
+#   ROUNDS=5 IDLE=20 bench/idle.sh
+#
+# The simulated node is bench/simnode.sh's (see bench/cpu.sh). Each variant starts afresh, answers a warm-up
+# of WARM lookups (hot names and misses, so that its caches, connections and goroutines are those of a node
+# in use), then gets no query at all for SETTLE s and is measured over the next IDLE s:
+#   CPU ms/s   the CPU time of all its threads (the first field of /proc/PID/task/*/schedstat, ns on a CPU),
+#              per second of idle
+#   wakes/s    the context switches of all its threads (voluntary and not, /proc/PID/task/*/status), per
+#              second: how often it wakes
+# Variants: shipped, upstream and unbound as in bench/cpu.sh; guard is the guard alone, started as the
+# manifests start it (-guard -localip ... -guard.serviceips ... -upstreamsvc), beside the shipped cache,
+# whose figures are the shipped row's; -daemonset is left out on both, there being no API server.
+#
+# NODE_CACHE=PATH measures that build; NODE_CACHE_ALT=PATH adds the variant "alt". Needs root, iproute2,
+# iptables, dnsperf and unbound, go, 2 CPUs. Kills only the processes it started.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+IDLE=${IDLE:-10}
+SETTLE=${SETTLE:-3}
+WARM=${WARM:-2000}
+VARIANTS=${VARIANTS:-shipped upstream unbound}
+
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/simnode.sh
+. bench/simnode.sh
+
+die() { echo "idle bench: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
+for v in ROUNDS IDLE SETTLE WARM; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
+done
+simnode_require_tools go ip iptables iptables-restore dnsperf unbound
+
+work=$(mktemp -d /tmp/idle-bench.XXXXXX)
+pids=()
+trap simnode_cleanup EXIT
+
+simnode_up "nlidle$$"
+simnode_node_cache
+
+cat >"$work/Corefile.clusterdns" <<EOF
+cluster.local:53 {
+    bind $DNS_POD_IP
+    template IN A cluster.local {
+        match "^svc[0-9]+[.]"
+        answer "{{ .Name }} 30 IN A 10.97.0.1"
+        fallthrough
+    }
+    template ANY ANY cluster.local {
+        rcode NXDOMAIN
+        authority "cluster.local. 30 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30"
+    }
+}
+in-addr.arpa:53 ip6.arpa:53 {
+    bind $DNS_POD_IP
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
+}
+EOF
+cat >"$work/Corefile.ext" <<EOF
+.:53 {
+    bind $EXT_IP
+    template IN A {
+        answer "{{ .Name }} 60 IN A 192.0.2.80"
+    }
+}
+EOF
+ip netns exec "$ns_dns" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
+pids+=($!)
+ip netns exec "$ns_ext" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
+pids+=($!)
+wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
+wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+
+simnode_corefiles
+simnode_unbound_conf
+
+# The warm-up: hot names twice, new names once, half of them NXDOMAIN, and a few names outside the cluster.
+awk -v n="$WARM" 'BEGIN {
+    for (i = 0; i < n; i++) {
+        k = i % (n / 4)
+        if (i % 10 == 9) printf "host%d.example.org A\n", k
+        else if (i % 2) printf "x%d.ns%d.svc.cluster.local A\n", i, i % 97
+        else printf "svc%d.ns%d.svc.cluster.local A\n", k, k % 97
+    }
+}' >"$work/queries.warm"
+
+# cpu_ns PID: the CPU time of all the process's threads, in ns. wakes PID: their context switches.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'; }
+wakes() {
+    cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'
+}
+
+# measure PID...: prints "CPU ms/s wakes/s" of each process over the same IDLE s, one line each.
+measure() {
+    local pid c0=() w0=() i=0
+    for pid in "$@"; do
+        c0+=("$(cpu_ns "$pid")") w0+=("$(wakes "$pid")")
+    done
+    sleep "$IDLE"
+    for pid in "$@"; do
+        awk -v c0="${c0[$i]}" -v c1="$(cpu_ns "$pid")" -v w0="${w0[$i]}" -v w1="$(wakes "$pid")" -v t="$IDLE" \
+            'BEGIN { printf "%.3f %.1f\n", (c1 - c0) / 1e6 / t, (w1 - w0) / t }'
+        i=$((i + 1))
+    done
+}
+
+start_guard() {
+    ip netns exec "$ns_node" env KUBE_DNS_UPSTREAM_SERVICE_HOST=$UPSTREAM_IP KUBE_DNS_UPSTREAM_SERVICE_PORT=53 \
+        XTABLES_LOCKFILE="$work/shipped/xtables.lock" \
+        "$work/node-cache" -guard -localip "$LOCAL_IP,$KUBE_DNS_IP" -guard.serviceips "$KUBE_DNS_IP" \
+        -upstreamsvc kube-dns-upstream -metrics-listen-address "$NODE_POD_IP:9254" \
+        -guard.lockpath "$work/guard.lock" -lockfile "$work/shipped/nodelocaldns.lock" >"$work/guard.log" 2>&1 &
+    guard_pid=$!
+    pids+=("$guard_pid")
+}
+
+results=$work/results
+: >"$results"
+echo "load: $(uptime | sed 's/.*load average/load average/') on $(nproc) CPUs"
+echo "$ROUNDS rounds: warm-up of $WARM lookups, $SETTLE s to settle, then $IDLE s with no query"
+printf '%-5s %-9s %9s %8s\n' round variant "CPU ms/s" "wakes/s"
+read -r -a variants <<<"$VARIANTS"
+for round in $(seq 1 "$ROUNDS"); do
+    n=${#variants[@]}
+    for i in $(seq 0 $((n - 1))); do
+        variant=${variants[$(((i + round - 1) % n))]}
+        simnode_start "$variant"
+        simnode_ready "$variant" svc1.ready.svc.cluster.local
+        guard_pid=
+        [ "$variant" != shipped ] || start_guard
+        ip netns exec "$ns_pod" dnsperf -s "$LOCAL_IP" -d "$work/queries.warm" -n 1 -Q 2000 >/dev/null 2>&1 ||
+            die "$variant: the warm-up failed"
+        sleep "$SETTLE"
+        names=("$variant") procs=("$cache_pid")
+        if [ -n "$guard_pid" ]; then
+            names+=(guard) procs+=("$guard_pid")
+        fi
+        j=0
+        while read -r cpu_ms wakes_s; do
+            printf '%-5s %-9s %9s %8s\n' "$round" "${names[$j]}" "$cpu_ms" "$wakes_s"
+            echo "$round ${names[$j]} $cpu_ms $wakes_s" >>"$results"
+            j=$((j + 1))
+        done < <(measure "${procs[@]}")
+        if [ -n "$guard_pid" ]; then
+            kill -TERM "$guard_pid" 2>/dev/null || true
+            wait "$guard_pid" 2>/dev/null || true
+        fi
+        simnode_stop "$variant"
+    done
+done
+
+echo
+echo "median over $ROUNDS rounds:"
+printf '%-9s %9s %8s\n' variant "CPU ms/s" "wakes/s"
+for variant in "${variants[@]}" guard; do
+    awk -v v="$variant" '
+        function median(a, n,    i, j, x) {
+            for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        $2 == v { n++; c[n] = $3; w[n] = $4 }
+        END { if (n) printf "%-9s %9.3f %8.1f\n", v, median(c, n), median(w, n) }' "$results"
+done
