@@ -27,6 +27,11 @@ import (
 // hit is the reply the chain's wirecache would have written (parseWireQuery reads only the queries it reads
 // as parseQuery does; the block is chosen as the server chooses it).
 //
+// An address gets a fast path only where CoreDNS's server would treat a datagram the fast path answers the
+// same way: every option of the server and of its blocks is classified (serverFieldUses, configFieldUses),
+// and those that change how the server reads or writes UDP (proxyproto, a writer decorator, views, more
+// opcodes) keep the address in the chain while set.
+//
 // The steering is an optimization, not a condition: a packet that lands on CoreDNS's own socket is answered
 // by the plugin chain, wirecache included, as before.
 
