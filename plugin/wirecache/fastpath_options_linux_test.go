@@ -32,8 +32,6 @@ import (
 	_ "github.com/coredns/coredns/plugin/tsig"
 	_ "github.com/coredns/coredns/plugin/view"
 
-	"github.com/nodelocaldns/nodelocaldns/nodelocal/drain"
-
 	"github.com/miekg/dns"
 )
 
@@ -142,12 +140,24 @@ func noUDPHits(t *testing.T, on, off optionServer) {
 	}
 }
 
-// optionDatagram is a datagram the option tests send, as a client would; repeat is set for the queries
-// wirecache stores, which are sent again once stored.
+// optionDatagram is a datagram the option tests send, as a client would, once in the first round; repeat
+// is set for the queries wirecache stores, sent in every round, and late for datagrams sent in the last
+// round only, when the query they are made from is stored.
 type optionDatagram struct {
-	name   string
-	wire   []byte
-	repeat bool
+	name         string
+	wire         []byte
+	repeat, late bool
+}
+
+// sentIn reports whether d is sent in round (0 to 2).
+func (d optionDatagram) sentIn(round int) bool {
+	switch {
+	case d.repeat:
+		return true
+	case d.late:
+		return round == 2
+	}
+	return round == 0
 }
 
 // proxyV2 returns a PROXY protocol version 2 header for a UDP datagram from 192.0.2.77:5353 to to, followed by
@@ -179,6 +189,13 @@ func optionDatagrams(t *testing.T) []optionDatagram {
 	stored("A mixed case", newQuery("A.Example.ORG.", dns.TypeA, 1232, false))
 	stored("A in example.net", newQuery("b.example.net.", dns.TypeA, 1232, false))
 	add("AAAA", newQuery("a.example.org.", dns.TypeAAAA, 1232, false))
+	// The stored query as a response (the server ignores it) and as a NOTIFY (it goes down the chain).
+	response := newQuery("a.example.org.", dns.TypeA, 0, false)
+	response.Response = true
+	out = append(out, optionDatagram{name: "A with QR set", wire: pack(response), late: true})
+	notify := newQuery("a.example.org.", dns.TypeA, 0, false)
+	notify.Opcode = dns.OpcodeNotify
+	out = append(out, optionDatagram{name: "A as NOTIFY", wire: pack(notify), late: true})
 	ch := newQuery("version.bind.", dns.TypeTXT, 0, false)
 	ch.Question[0].Qclass = dns.ClassCHAOS
 	add("CH TXT version.bind", ch)
@@ -281,6 +298,16 @@ type optionRun struct {
 	replies [3][2][][]byte
 }
 
+// wantSockets is how many sockets the instance with fastpath on should have on its address: CoreDNS's, and
+// the fast path's if it has one.
+func (r *optionRun) wantSockets() int {
+	n := max(r.sockets, 1)
+	if r.fp != nil {
+		n++
+	}
+	return n
+}
+
 // TestFastPathOptions runs each listener and server option of CoreDNS v1.15 with the wirecache block's
 // fastpath on and off, sends both the same datagrams, the queries wirecache stores three times (so that
 // they are hits from the second time on) and the others once, and requires the same replies, or no reply
@@ -315,18 +342,14 @@ func TestFastPathOptions(t *testing.T) {
 		runs[i] = r
 	}
 	// Before any datagram is sent: /proc/net/udp, which the socket count reads, may skip sockets while others
-	// open and close.
+	// open and close (see ownSockets).
 	for _, r := range runs {
 		local := netip.MustParseAddrPort(r.on.addr)
 		if r.noBind {
 			// A wildcard server listens on both families, through one IPv6 socket.
 			local = netip.AddrPortFrom(netip.IPv6Unspecified(), local.Port())
 		}
-		group, err := drain.Own(drain.UDP, local)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.ownSockets = len(group)
+		r.ownSockets = ownSockets(t, local, r.wantSockets())
 		r.fastRead, r.fastPassed = counterValue(t, fastPathQueries, r.on.server), counterValue(t, fastPathPassed, r.on.server)
 	}
 	for round := range 3 {
@@ -335,7 +358,7 @@ func TestFastPathOptions(t *testing.T) {
 			for side, s := range []*optionServer{r.on, r.off} {
 				r.replies[round][side] = make([][]byte, len(r.datagrams))
 				for i, d := range r.datagrams {
-					if round > 0 && !d.repeat {
+					if !d.sentIn(round) {
 						continue
 					}
 					wg.Go(func() { r.replies[round][side][i] = askDatagram(t, s.addr, d.wire) })
@@ -350,11 +373,7 @@ func TestFastPathOptions(t *testing.T) {
 			if (r.fp != nil) != r.fast {
 				t.Errorf("fastpath on: the address has a fast path: %v, want %v", r.fp != nil, r.fast)
 			}
-			want := max(r.sockets, 1)
-			if r.fp != nil {
-				want++
-			}
-			if r.ownSockets != want {
+			if want := r.wantSockets(); r.ownSockets != want {
 				t.Errorf("fastpath on: %d sockets of this process on %s, want %d", r.ownSockets, r.on.addr, want)
 			}
 			for round := range 3 {
