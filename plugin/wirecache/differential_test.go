@@ -40,6 +40,9 @@ func useDirectives(t *testing.T) {
 		if err != nil {
 			t.Fatalf("reading plugin.cfg: %v", err)
 		}
+		// The test plugin that sets the server options no plugin of this module's build sets (see
+		// fastpath_options_test.go); last, since it only configures.
+		order = append(order, testOptionDirective)
 		if err := dnsserver.SetDirectives(order); err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +74,8 @@ func freePortOn(t *testing.T, host string) int {
 	return 0
 }
 
-func startCoreDNS(t *testing.T, corefile string) {
+// startCoreDNS starts an instance serving corefile until the test ends, and returns it.
+func startCoreDNS(t *testing.T, corefile string) *caddy.Instance {
 	t.Helper()
 	useDirectives(t)
 	inst, err := caddy.Start(caddy.CaddyfileInput{Contents: []byte(corefile), ServerTypeName: "dns"})
@@ -82,6 +86,7 @@ func startCoreDNS(t *testing.T, corefile string) {
 		inst.ShutdownCallbacks()
 		inst.Stop()
 	})
+	return inst
 }
 
 // exchange sends q to addr over UDP or TCP and returns the raw reply.

@@ -27,6 +27,11 @@ import (
 // hit is the reply the chain's wirecache would have written (parseWireQuery reads only the queries it reads
 // as parseQuery does; the block is chosen as the server chooses it).
 //
+// An address gets a fast path only where CoreDNS's server would treat a datagram the fast path answers the
+// same way: every option of the server and of its blocks is classified (serverFieldUses, configFieldUses),
+// and those that change how the server reads or writes UDP (proxyproto, a writer decorator, views, more
+// opcodes) keep the address in the chain while set.
+//
 // The steering is an optimization, not a condition: a packet that lands on CoreDNS's own socket is answered
 // by the plugin chain, wirecache included, as before.
 
@@ -34,13 +39,14 @@ import (
 // instance shares one listener per address.
 type fastPathsKey struct{}
 
-// fastPaths are the fast-path listeners of one caddy instance: one per server (address) whose blocks
-// qualify. They start when the server handles its first query (the only place a *dnsserver.Server is
-// reachable from a plugin) and stop with the instance.
+// fastPaths are the fast-path listeners of one caddy instance: one per address whose blocks qualify, which
+// starts when a server of the address handles its first query (the only place a *dnsserver.Server is
+// reachable from a plugin) and stops with the instance. An address has several servers under multisocket,
+// all built from the same blocks; the first one seen serves what the fast path passes on.
 type fastPaths struct {
 	mu      sync.Mutex
 	blocks  map[*dnsserver.Config]*WireCache
-	servers map[*dnsserver.Server]*fastPath // nil for a server tried and left to CoreDNS
+	servers map[string]*fastPath // by dnsserver.Server.Addr; nil for an address tried and left to CoreDNS
 	stopped bool
 	// starting counts the listeners being started, so stop waits for them.
 	starting sync.WaitGroup
@@ -51,7 +57,7 @@ func instanceFastPaths(c *caddy.Controller) (*fastPaths, bool) {
 	if fp, ok := c.Get(fastPathsKey{}).(*fastPaths); ok {
 		return fp, false
 	}
-	fp := &fastPaths{blocks: map[*dnsserver.Config]*WireCache{}, servers: map[*dnsserver.Server]*fastPath{}}
+	fp := &fastPaths{blocks: map[*dnsserver.Config]*WireCache{}, servers: map[string]*fastPath{}}
 	c.Set(fastPathsKey{}, fp)
 	return fp, true
 }
@@ -63,7 +69,7 @@ func (f *fastPaths) register(cfg *dnsserver.Config, wc *WireCache) {
 	f.blocks[cfg] = wc
 }
 
-// notice starts the fast path for the server handling ctx's query, once.
+// notice starts the fast path for the address of the server handling ctx's query, once.
 func (f *fastPaths) notice(ctx context.Context) {
 	srv, ok := ctx.Value(dnsserver.Key{}).(*dnsserver.Server)
 	if !ok {
@@ -74,10 +80,10 @@ func (f *fastPaths) notice(ctx context.Context) {
 	if f.stopped {
 		return
 	}
-	if _, seen := f.servers[srv]; seen {
+	if _, seen := f.servers[srv.Addr]; seen {
 		return
 	}
-	f.servers[srv] = nil
+	f.servers[srv.Addr] = nil
 	blocks := maps.Clone(f.blocks)
 	f.starting.Go(func() { f.start(srv, blocks) })
 }
@@ -96,7 +102,7 @@ func (f *fastPaths) start(srv *dnsserver.Server, blocks map[*dnsserver.Config]*W
 	f.mu.Lock()
 	stopped := f.stopped
 	if !stopped {
-		f.servers[srv] = fp
+		f.servers[srv.Addr] = fp
 	}
 	f.mu.Unlock()
 	if stopped {
@@ -170,23 +176,18 @@ func fastRoutes(srv *dnsserver.Server, blocks map[*dnsserver.Config]*WireCache) 
 	if err != nil {
 		return nil, local, err
 	}
-	zones, opcodes, err := serverZones(srv)
+	zones, err := serverZones(srv)
 	if err != nil {
 		return nil, local, err
 	}
-	if opcodes > 0 {
-		return nil, local, errors.New("a plugin accepts opcodes other than QUERY and NOTIFY on it")
+	if reasons := serverOptionReasons(srv, zones); len(reasons) > 0 {
+		return nil, local, errors.New(strings.Join(reasons, "; "))
 	}
 	routes := fastRouting{}
 	for zone, cfgs := range zones {
-		for _, cfg := range cfgs {
-			if len(cfg.FilterFuncs) > 0 || cfg.ViewName != "" {
-				return nil, local, fmt.Errorf("server block %q selects queries with a view", zone)
-			}
-		}
-		// Without filters the server picks the zone's first block.
+		// Without filters (serverOptionReasons) the server picks the zone's first block.
 		if wc, ok := blocks[cfgs[0]]; ok {
-			routes[zone] = &fastBlock{wc: wc, metrics: wc.metrics.forAddr(srv.Addr, wc.metricsZones)}
+			routes[zone] = &fastBlock{wc: wc, metrics: wc.metrics.of(srv, wc.metricsZones)}
 		} else {
 			routes[zone] = nil
 		}
@@ -215,19 +216,13 @@ func serverAddrPort(addr string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }
 
-// serverZones reads the blocks a server routes to, by zone, and how many opcodes beyond QUERY and NOTIFY its
-// plugins let through. CoreDNS keeps both unexported (Server.zones, Server.allowedOpcodes) and offers no
-// accessor; they are read, never written, and only once, when the fast path starts. If a CoreDNS version
-// changes them, this fails and the server keeps its queries (TestServerZonesReadsCoreDNS notices first).
-func serverZones(srv *dnsserver.Server) (map[string][]*dnsserver.Config, int, error) {
-	v := reflect.ValueOf(srv).Elem()
-	zones := v.FieldByName("zones")
+// serverZones reads the blocks a server routes to, by zone. CoreDNS keeps them unexported (Server.zones) and
+// offers no accessor; they are read, never written. If a CoreDNS version changes them, this fails and the
+// server keeps its queries (TestServerZonesReadsCoreDNS notices first).
+func serverZones(srv *dnsserver.Server) (map[string][]*dnsserver.Config, error) {
+	zones := reflect.ValueOf(srv).Elem().FieldByName("zones")
 	if !zones.IsValid() || zones.Type() != reflect.TypeFor[map[string][]*dnsserver.Config]() {
-		return nil, 0, errors.New("this CoreDNS version's server does not keep its blocks where wirecache reads them")
-	}
-	opcodes := v.FieldByName("allowedOpcodes")
-	if !opcodes.IsValid() || opcodes.Kind() != reflect.Map {
-		return nil, 0, errors.New("this CoreDNS version's server does not keep its opcodes where wirecache reads them")
+		return nil, errors.New("this CoreDNS version's server does not keep its blocks where wirecache reads them")
 	}
 	out := make(map[string][]*dnsserver.Config, zones.Len())
 	for it := zones.MapRange(); it.Next(); {
@@ -241,7 +236,160 @@ func serverZones(srv *dnsserver.Server) (map[string][]*dnsserver.Config, int, er
 			out[it.Key().String()] = cfgs
 		}
 	}
-	return out, opcodes.Len(), nil
+	return out, nil
+}
+
+// optionUse is how the fast path treats one field of CoreDNS's server (dnsserver.Server) or of a server
+// block's configuration (dnsserver.Config): every field either changes nothing the fast path does to a
+// datagram, or keeps the address's queries in the plugin chain while it is set.
+type optionUse int
+
+const (
+	// followed: the fast path reads the field and does with it what the server does (the address, the
+	// blocks and their chains).
+	followed optionUse = iota
+	// passedOn: the server applies it to what the fast path passes on, which is everything but a hit, and a
+	// hit (a plain class IN query read from its bytes, answered from a store) does not depend on it.
+	passedOn
+	// notUDP: it applies to TCP or to another transport; CoreDNS's UDP listener for plain DNS ignores it.
+	notUDP
+	// keepsChain: while it is set on the server or on one of its blocks, the address has no fast path.
+	keepsChain
+	// serverState: the server's own running state, not configuration.
+	serverState
+)
+
+// fieldUse says how the fast path treats a field, and why.
+type fieldUse struct {
+	use optionUse
+	why string
+}
+
+// serverFieldUses classifies every field of dnsserver.Server in the CoreDNS version this module builds
+// with. A field missing here keeps every address in the chain (serverOptionReasons), and
+// TestFastPathKnowsEveryServerOption fails first.
+var serverFieldUses = map[string]fieldUse{
+	"Addr":                          {followed, "the address the fast path joins"},
+	"IdleTimeout":                   {notUDP, "TCP connections (timeouts)"},
+	"ReadTimeout":                   {notUDP, "TCP connections (timeouts)"},
+	"WriteTimeout":                  {notUDP, "TCP connections (timeouts)"},
+	"MaxTCPQueries":                 {notUDP, "TCP connections (timeouts max_queries)"},
+	"TsigSecret":                    {passedOn, "a query with a TSIG record is passed on to a miekg/dns server with these secrets, and every query of a server that has secrets is answered through it (tsig)"},
+	"connPolicy":                    {keepsChain, "proxyproto wraps the server's UDP socket, which reads the PROXY header the fast path would not"},
+	"udpSessionTrackingTTL":         {keepsChain, "proxyproto's UDP session tracking"},
+	"udpSessionTrackingMaxSessions": {keepsChain, "proxyproto's UDP session tracking"},
+	"proxyProtoTLVMetadata":         {keepsChain, "proxyproto's TLV metadata"},
+	"server":                        {serverState, "the server's miekg/dns servers"},
+	"m":                             {serverState, "their lock"},
+	"zones":                         {followed, "the blocks by zone: the fast path picks a query's block as the server does"},
+	"graceTimeout":                  {serverState, "how long the server's stop waits; the fast path stops with the instance"},
+	"trace":                         {passedOn, "the trace plugin, which the server only hands out (Tracer); as a plugin ahead of wirecache it keeps its block's hits in the chain"},
+	"debug":                         {passedOn, "debug: no recover around the chain; a hit runs no plugin"},
+	"stacktrace":                    {passedOn, "errors stacktrace: how a recovered panic is logged; a hit runs no plugin"},
+	"classChaos":                    {passedOn, "queries of classes other than IN reach the chain (chaos, forward); the fast path answers class IN only"},
+	"allowedOpcodes":                {keepsChain, "a plugin accepts opcodes other than QUERY and NOTIFY (dynupdate), which the server's listener lets through"},
+	"udpDecorateWriterFunc":         {keepsChain, "a UDP writer decorator (shed) must see every reply"},
+	"stopOnce":                      {serverState, "the server's stop"},
+	"stopErr":                       {serverState, "the server's stop"},
+}
+
+// configFieldUses classifies every field of dnsserver.Config in the CoreDNS version this module builds
+// with, as serverFieldUses does for the server.
+var configFieldUses = map[string]fieldUse{
+	"Zone":                            {followed, "the block's zone: the fast path picks a query's block as the server does"},
+	"ListenHosts":                     {followed, "the addresses (bind): one server, and one fast path, each; a wildcard address has none"},
+	"Port":                            {followed, "part of the server's address"},
+	"NumSockets":                      {followed, "multisocket: the address's servers share one fast path, which passes queries to one of them (all are built from the same blocks)"},
+	"Root":                            {passedOn, "root: where plugins find their files"},
+	"Debug":                           {passedOn, "debug (the server's debug)"},
+	"Stacktrace":                      {passedOn, "errors stacktrace (the server's stacktrace)"},
+	"Transport":                       {followed, "only plain DNS (dns://) servers get a fast path"},
+	"HTTPRequestValidateFunc":         {notUDP, "DNS over HTTPS"},
+	"UDPDecorateWriterFunc":           {keepsChain, "a UDP writer decorator (shed) must see every reply"},
+	"FilterFuncs":                     {keepsChain, "a view selects the block per query"},
+	"ViewName":                        {keepsChain, "a view selects the block per query"},
+	"TLSConfig":                       {notUDP, "tls: DNS over TLS, HTTPS, gRPC and QUIC"},
+	"tlsConfigIdentity":               {notUDP, "tls"},
+	"MaxQUICStreams":                  {notUDP, "quic"},
+	"MaxQUICConnections":              {notUDP, "quic"},
+	"MaxQUICWorkerPoolSize":           {notUDP, "quic"},
+	"ProxyProtoConnPolicy":            {keepsChain, "proxyproto wraps the server's UDP socket, which reads the PROXY header the fast path would not"},
+	"ProxyProtoUDPSessionTrackingTTL": {keepsChain, "proxyproto's UDP session tracking"},
+	"ProxyProtoUDPSessionTrackingMaxSessions": {keepsChain, "proxyproto's UDP session tracking"},
+	"ProxyProtoTLVMetadata":                   {keepsChain, "proxyproto's TLV metadata"},
+	"MaxGRPCStreams":                          {notUDP, "grpc_server"},
+	"MaxGRPCConnections":                      {notUDP, "grpc_server"},
+	"MaxHTTPSConnections":                     {notUDP, "https"},
+	"MaxHTTPSStreams":                         {notUDP, "https"},
+	"MaxHTTPS3Streams":                        {notUDP, "https3"},
+	"MaxHTTPS3Connections":                    {notUDP, "https3"},
+	"ReadTimeout":                             {notUDP, "timeouts (the server's)"},
+	"WriteTimeout":                            {notUDP, "timeouts (the server's)"},
+	"IdleTimeout":                             {notUDP, "timeouts (the server's)"},
+	"MaxTCPQueries":                           {notUDP, "timeouts max_queries (the server's)"},
+	"TsigSecret":                              {passedOn, "tsig (the server's TsigSecret)"},
+	"allowedOpcodes":                          {keepsChain, "a plugin accepts opcodes other than QUERY and NOTIFY (dynupdate), which the server's listener lets through"},
+	"Plugin":                                  {followed, "the block's plugins: the block qualifies when every plugin ahead of wirecache may be skipped for a hit"},
+	"pluginChain":                             {followed, "the block's chain, run for everything the fast path passes on"},
+	"registry":                                {followed, "the block's handlers by name (Handler), which tell the plugins ahead of wirecache"},
+	"firstConfigInBlock":                      {followed, "the block the zone belongs to"},
+	"metaCollector":                           {followed, "metadata, which the server collects before the chain; as a plugin ahead of wirecache it keeps its block's hits in the chain"},
+}
+
+// unknownFields returns the fields of the struct type t that uses does not classify.
+func unknownFields(t reflect.Type, uses map[string]fieldUse) []string {
+	var unknown []string
+	for f := range t.Fields() {
+		if _, ok := uses[f.Name]; !ok {
+			unknown = append(unknown, f.Name)
+		}
+	}
+	return unknown
+}
+
+// serverOptionReasons says why srv's address may not have a fast path, from the fields of the server and of
+// its blocks' configurations (zones); none means it may. Every field the fast path does not know keeps the
+// address in the chain, as does every keepsChain field that is set.
+func serverOptionReasons(srv *dnsserver.Server, zones map[string][]*dnsserver.Config) []string {
+	var reasons []string
+	add := func(reason string) {
+		if !slices.Contains(reasons, reason) {
+			reasons = append(reasons, reason)
+		}
+	}
+	if unknown := unknownFields(reflect.TypeFor[dnsserver.Server](), serverFieldUses); len(unknown) > 0 {
+		add(fmt.Sprintf("this CoreDNS version's server has options wirecache does not know (%s)", strings.Join(unknown, ", ")))
+	}
+	if unknown := unknownFields(reflect.TypeFor[dnsserver.Config](), configFieldUses); len(unknown) > 0 {
+		add(fmt.Sprintf("this CoreDNS version's server blocks have options wirecache does not know (%s)", strings.Join(unknown, ", ")))
+	}
+	keptBy := func(v reflect.Value, uses map[string]fieldUse) {
+		for name, u := range uses {
+			if u.use != keepsChain {
+				continue
+			}
+			if f := v.FieldByName(name); !f.IsValid() || isSet(f) {
+				add(u.why)
+			}
+		}
+	}
+	keptBy(reflect.ValueOf(srv).Elem(), serverFieldUses)
+	for _, cfgs := range zones {
+		for _, cfg := range cfgs {
+			keptBy(reflect.ValueOf(cfg).Elem(), configFieldUses)
+		}
+	}
+	slices.Sort(reasons)
+	return reasons
+}
+
+// isSet reports whether a field holds a setting: a map or slice with elements, any other value not zero.
+func isSet(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Map, reflect.Slice:
+		return v.Len() > 0
+	}
+	return !v.IsZero()
 }
 
 // cacheBypassable is implemented by a plugin that runs ahead of wirecache and does nothing to a query

@@ -5,6 +5,8 @@ package wirecache
 import (
 	"testing"
 	"time"
+
+	"github.com/coredns/coredns/core/dnsserver"
 )
 
 // BenchmarkFastPathHit is the fast path's work for one hit, from the datagram's bytes to the reply's, without
@@ -13,7 +15,7 @@ func BenchmarkFastPathHit(b *testing.B) {
 	wc := New()
 	wc.Next = benchChain(b)
 	_, query, _ := warmHit(b, wc)
-	routes := fastRouting{".": &fastBlock{wc: wc, metrics: wc.metrics.forAddr("dns://:53", nil)}}
+	routes := fastRouting{".": &fastBlock{wc: wc, metrics: wc.metrics.of(&dnsserver.Server{Addr: "dns://:53"}, nil)}}
 	fp := &fastPath{routes: routes}
 	r := newFastReader(fp)
 	q, err := query.Pack()

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/coredns/coredns/core/dnsserver"
-	"github.com/coredns/coredns/plugin/pkg/reuseport"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 
 	"github.com/miekg/dns"
@@ -85,12 +84,19 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		probeSeen: make(chan struct{}, 1), steerDone: make(chan struct{}),
 		queries: fastPathQueries.WithLabelValues(srv.Addr), passed: fastPathPassed.WithLabelValues(srv.Addr), steered: fastPathSteered.WithLabelValues(srv.Addr),
 	}
-	// Opened as CoreDNS opens its own (dnsserver.Server.ListenPacket), so it joins that socket's group.
-	pc, err := reuseport.ListenPacket("udp", local.String())
+	// Opened by CoreDNS's server, as it opens its own, so it joins that socket's group. What the server reads
+	// through must be the bare socket the fast path reads: a wrapper (proxyproto's) reads the datagrams
+	// otherwise.
+	pc, err := srv.ListenPacket()
 	if err != nil {
 		return nil, fmt.Errorf("join the reuseport group of %s: %w", local, err)
 	}
-	fp.conn = pc.(*net.UDPConn)
+	conn, ok := pc.(*net.UDPConn)
+	if !ok {
+		pc.Close()
+		return nil, fmt.Errorf("CoreDNS's server reads its UDP socket through %T, which the fast path cannot read as", pc)
+	}
+	fp.conn = conn
 	if fp.raw, err = fp.conn.SyscallConn(); err != nil {
 		fp.conn.Close()
 		return nil, err
@@ -101,16 +107,9 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 	}
 	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), earlier: make(chan struct{}, 1)}
 
-	// CoreDNS's own UDP server, minus the socket: the same handler, the same defaults.
 	started := make(chan struct{})
-	fp.inner = &dns.Server{PacketConn: fp.chain, Net: "udp", TsigSecret: srv.TsigSecret,
-		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-			ctx := context.WithValue(context.Background(), dnsserver.Key{}, srv)
-			ctx = context.WithValue(ctx, dnsserver.LoopKey{}, 0)
-			srv.ServeDNS(ctx, w, r)
-		}),
-		NotifyStartedFunc: func() { close(started) },
-	}
+	fp.inner = chainServer(srv, fp.chain)
+	fp.inner.NotifyStartedFunc = func() { close(started) }
 	if len(srv.TsigSecret) == 0 {
 		fp.servers = newChainServers(fp)
 	}
@@ -132,6 +131,19 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 	fp.steerStop = cancel
 	go fp.keepSteered(ctx)
 	return fp, nil
+}
+
+// chainServer returns CoreDNS's own UDP server for srv (dnsserver.Server.ServePacket) on pc: the same
+// handler, the same settings. The options that would set others (a writer decorator, opcodes) keep the
+// address in the chain (serverOptionReasons); TestChainServerIsCoreDNSs compares the two.
+func chainServer(srv *dnsserver.Server, pc net.PacketConn) *dns.Server {
+	return &dns.Server{PacketConn: pc, Net: "udp", TsigSecret: srv.TsigSecret,
+		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+			ctx := context.WithValue(context.Background(), dnsserver.Key{}, srv)
+			ctx = context.WithValue(ctx, dnsserver.LoopKey{}, 0)
+			srv.ServeDNS(ctx, w, r)
+		}),
+	}
 }
 
 // stop hands the address back to CoreDNS's socket, answers what the fast path's socket holds and closes it.

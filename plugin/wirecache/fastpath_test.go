@@ -204,8 +204,8 @@ func TestFastPathReloadLosesNothing(t *testing.T) {
 	t.Logf("%d queries across the reload, none lost", asked.Load())
 }
 
-// TestServerZonesReadsCoreDNS checks that the fields the fast path reads from CoreDNS's server are where
-// it reads them, in the CoreDNS version this module builds with.
+// TestServerZonesReadsCoreDNS checks that the server's blocks are where the fast path reads them, in the
+// CoreDNS version this module builds with.
 func TestServerZonesReadsCoreDNS(t *testing.T) {
 	a := &dnsserver.Config{Zone: "example.org.", ListenHosts: []string{"127.0.0.1"}, Port: "53"}
 	b := &dnsserver.Config{Zone: ".", ListenHosts: []string{"127.0.0.1"}, Port: "53"}
@@ -213,23 +213,12 @@ func TestServerZonesReadsCoreDNS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	zones, opcodes, err := serverZones(srv)
+	zones, err := serverZones(srv)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(zones) != 2 || len(zones["example.org."]) != 1 || zones["example.org."][0] != a || zones["."][0] != b {
 		t.Errorf("zones %v", zones)
-	}
-	if opcodes != 0 {
-		t.Errorf("%d opcodes allowed, want none", opcodes)
-	}
-	a.AllowOpcode(dns.OpcodeUpdate)
-	srv, err = dnsserver.NewServer("dns://127.0.0.1:53", []*dnsserver.Config{a, b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, opcodes, _ := serverZones(srv); opcodes != 1 {
-		t.Errorf("%d opcodes allowed, want UPDATE", opcodes)
 	}
 }
 

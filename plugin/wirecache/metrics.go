@@ -3,9 +3,11 @@ package wirecache
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +78,8 @@ type serverMetrics struct {
 	core *coreSeries
 	// fastNoticed is set once the block's fast paths know of the server.
 	fastNoticed atomic.Bool
+	// udpAside is set when wirecache must pass the server's UDP queries on (serverStepAsideReasons).
+	udpAside bool
 }
 
 // held publishes what s holds.
@@ -94,11 +98,16 @@ type serverMetricsSet struct {
 // forServer returns the metrics of the server handling ctx's query; metricsZones are the block's prometheus
 // zones when hits must be counted in CoreDNS's own series (see coreSeries), nil otherwise.
 func (s *serverMetricsSet) forServer(ctx context.Context, metricsZones []string) *serverMetrics {
-	return s.forAddr(serverAddr(ctx), metricsZones)
+	srv, _ := ctx.Value(dnsserver.Key{}).(*dnsserver.Server)
+	return s.of(srv, metricsZones)
 }
 
-// forAddr returns the metrics of the server listening on addr (dnsserver.Server.Addr).
-func (s *serverMetricsSet) forAddr(addr string, metricsZones []string) *serverMetrics {
+// of returns the metrics of srv, which may be nil (a query with no server, in tests).
+func (s *serverMetricsSet) of(srv *dnsserver.Server, metricsZones []string) *serverMetrics {
+	addr := ""
+	if srv != nil {
+		addr = srv.Addr
+	}
 	if list := s.list.Load(); list != nil {
 		for _, m := range *list {
 			if m.addr == addr {
@@ -127,6 +136,12 @@ func (s *serverMetricsSet) forAddr(addr string, metricsZones []string) *serverMe
 	}
 	if metricsZones != nil {
 		m.core = newCoreSeries(addr, metricsZones)
+	}
+	if srv != nil {
+		if reasons := serverStepAsideReasons(srv); len(reasons) > 0 {
+			m.udpAside = true
+			log.Warningf("server %s: %s; wirecache steps aside for its UDP queries", addr, strings.Join(reasons, "; "))
+		}
 	}
 	list = append(slices.Clip(list), m)
 	s.list.Store(&list)

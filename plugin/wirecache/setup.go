@@ -91,6 +91,25 @@ func stepAsideReasons(cfg *dnsserver.Config) []string {
 	return reasons
 }
 
+// serverStepAsideReasons says why wirecache must pass on the UDP queries of srv in every block it serves
+// there; none means it need not. A UDP writer decorator that one block sets (shed) applies to every reply
+// written through the server's UDP socket, but miekg/dns sends bytes written with Write, as a hit is, past
+// it; stepAsideReasons covers the block that sets it, this the other blocks on its address.
+func serverStepAsideReasons(srv *dnsserver.Server) []string {
+	zones, err := serverZones(srv)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	for _, cfgs := range zones {
+		for _, cfg := range cfgs {
+			if cfg.UDPDecorateWriterFunc != nil {
+				return []string{"a block on the address has a UDP writer decorator (shed), which must see every reply"}
+			}
+		}
+	}
+	return nil
+}
+
 // clampPlugin is the plugin that keeps every TTL of its block inside a window; a hit must honour its minimum.
 const clampPlugin = "clamp"
 

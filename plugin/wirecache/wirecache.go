@@ -8,10 +8,10 @@ package wirecache
 
 import (
 	"context"
+	"net"
 	"sync"
 	"time"
 
-	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/request"
 
@@ -128,6 +128,11 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 		return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 	}
 	m := wc.serverMetrics(ctx)
+	if m.udpAside {
+		if _, tcp := w.RemoteAddr().(*net.TCPAddr); !tcp {
+			return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
+		}
+	}
 	var stale *entry
 	if e != nil {
 		if !now.Before(e.expires) {
@@ -326,12 +331,4 @@ func (r *recorder) forget() {
 	r.wc.store.remove(r.hash, r.entry)
 	r.metrics.held(r.wc.store)
 	r.entry = nil
-}
-
-// serverAddr returns the address of the server handling the request, the `server` label of CoreDNS metrics.
-func serverAddr(ctx context.Context) string {
-	if srv, ok := ctx.Value(dnsserver.Key{}).(*dnsserver.Server); ok {
-		return srv.Addr
-	}
-	return ""
 }
