@@ -192,16 +192,18 @@ type resendResult struct {
 }
 
 // resend sends a copy of r through forward's proxy, on a connection of its own, unless maxStallResends
-// are under way already. It returns where the outcome will come, or nil when it sent nothing.
-func (p *pipeline) resend(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) <-chan resendResult {
+// are under way already. It returns where the outcome will come and what stops the copy once it is not
+// needed, or nils when it sent nothing.
+func (p *pipeline) resend(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (<-chan resendResult, context.CancelFunc) {
 	if p.resender == nil {
-		return nil
+		return nil, nil
 	}
 	select {
 	case p.resends <- struct{}{}:
 	default:
-		return nil
+		return nil, nil
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	stallResends.WithLabelValues(metrics.WithServer(ctx), p.zones, p.addr).Inc()
 	// A copy, since the proxy sets its ID on the wire while this query goes on waiting; the size the
 	// proxy reads is computed here, where the client's writer is still this query's.
@@ -215,14 +217,14 @@ func (p *pipeline) resend(ctx context.Context, w dns.ResponseWriter, r *dns.Msg)
 			if errors.Is(err, proxy.ErrCachedClosed) {
 				continue // closed before the query went out, as forward retries it
 			}
-			if err != nil {
-				p.resender.Healthcheck() // as forward does after a failed exchange
+			if err != nil && ctx.Err() == nil {
+				p.resender.Healthcheck() // as forward does after a failed exchange, not one stopped here
 			}
 			out <- resendResult{m, err}
 			return
 		}
 	}()
-	return out
+	return out, cancel
 }
 
 // conn returns the connection that takes new queries, and whether it was open already. Without one, it
@@ -423,6 +425,14 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 		resent    <-chan resendResult // the copy sent once more, while under way
 		resendErr error               // why that copy got no answer
 	)
+	// A copy sent once more is not needed once this returns: ending its context ends a dial to an upstream
+	// that does not answer, which would hold its place among the re-sends for up to the proxy's 30 s.
+	var stopResend context.CancelFunc
+	defer func() {
+		if stopResend != nil {
+			stopResend()
+		}
+	}()
 	for {
 		retry := false // q is to be sent once more, if it was not and there is room
 		select {
@@ -457,7 +467,7 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 			t.Reset(stallAfter)
 		}
 		if retry && !resending {
-			resent = c.p.resend(ctx, w, r)
+			resent, stopResend = c.p.resend(ctx, w, r)
 			resending = resent != nil
 		}
 		switch {
