@@ -457,7 +457,7 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 				lost, done, tick, retry = errPipeTimeout, nil, nil, held
 				break
 			}
-			if c.stalled(q, id, &seen) {
+			if c.stalled(q, id, held, &seen) {
 				if !held {
 					held = true
 					stalls.WithLabelValues(metrics.WithServer(ctx), c.p.zones, c.p.addr).Inc()
@@ -484,9 +484,10 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 }
 
 // stalled reports whether q waits behind a slow answer: no answer came on the connection since the last
-// check (seen), q still waits, and an earlier query waits too. Either way, a connection that returned no
-// answer since the last check takes no new queries: only later queries would gain by its closing.
-func (c *pipeConn) stalled(q *pipeQuery, id uint16, seen *uint64) bool {
+// check (seen), q still waits, and an earlier query waits too, or did when q was found stalled before
+// (held), which spares a held query the look for it. Either way, a connection that returned no answer
+// since the last check takes no new queries: only later queries would gain by its closing.
+func (c *pipeConn) stalled(q *pipeQuery, id uint16, held bool, seen *uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	progressed := c.answers != *seen
@@ -495,7 +496,7 @@ func (c *pipeConn) stalled(q *pipeQuery, id uint16, seen *uint64) bool {
 		return false
 	}
 	c.retireLocked()
-	return !c.oldestLocked(q)
+	return held || !c.oldestLocked(q)
 }
 
 // oldestLocked reports whether q is the earliest query still waiting on c.
