@@ -60,8 +60,8 @@ type testUpstream struct {
 	byUDP  atomic.Int64
 	byTCP  atomic.Int64
 	closed sync.Once
-	// hold, when set before the first query, runs before each counted query is answered.
-	hold func()
+	// hold, when set (setHold), runs before each counted query is answered.
+	hold atomic.Pointer[func()]
 }
 
 func (s *testUpstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
@@ -73,8 +73,8 @@ func (s *testUpstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		} else {
 			s.byUDP.Add(1)
 		}
-		if s.hold != nil {
-			s.hold()
+		if hold := s.hold.Load(); hold != nil {
+			(*hold)()
 		}
 		if r.Question[0].Qtype == dns.TypeA {
 			m.Answer = []dns.RR{&dns.A{
@@ -85,6 +85,10 @@ func (s *testUpstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	}
 	w.WriteMsg(m)
 }
+
+// setHold makes hold run before each counted query is answered. The server learns of it through an
+// atomic, since a query sent over the network orders nothing for the race detector.
+func (s *testUpstream) setHold(hold func()) { s.hold.Store(&hold) }
 
 func (s *testUpstream) queries() int64 { return s.byUDP.Load() + s.byTCP.Load() }
 

@@ -42,6 +42,20 @@ var (
 		Help:      "Counter of queries answered SERVFAIL at once because every upstream address failed its health checks.",
 	}, []string{"server", "zones"})
 
+	stalls = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "stalls_total",
+		Help:      "Counter of queries held up behind a slow answer on a pipelined connection.",
+	}, []string{"server", "zones", "to"})
+
+	stallResends = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "stall_resends_total",
+		Help:      "Counter of queries held up behind a slow answer on a pipelined connection and sent once more on a connection of their own.",
+	}, []string{"server", "zones", "to"})
+
 	maxConcurrentRejects = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: pluginName,

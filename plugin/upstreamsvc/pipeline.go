@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -13,14 +14,20 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coredns/coredns/plugin/metadata"
+	"github.com/coredns/coredns/plugin/metrics"
+	"github.com/coredns/coredns/plugin/pkg/proxy"
+	"github.com/coredns/coredns/request"
+
 	"github.com/miekg/dns"
 )
 
 // Pipelining limits. The cluster DNS (CoreDNS, and every server built on miekg/dns) answers the queries of
 // one TCP connection one after another, so a slow answer holds up the queries sent after it on the same
 // connection. A query that has waited stallAfter while its connection returned no answer, and that is not
-// itself the oldest one waiting there, leaves the connection to forward (one query per connection); the
-// connection then takes no new queries and closes once its last query is answered or gone.
+// itself the oldest one waiting there, is stalled: the connection takes no new queries (it closes once its
+// last query is answered or gone), and the query is sent once more, through forward's proxy on a connection
+// of its own, while its pipelined copy goes on waiting. A stalled query is sent twice at most.
 const (
 	stallAfter       = 25 * time.Millisecond
 	pipeReadTimeout  = 2 * time.Second // forward's read timeout
@@ -29,14 +36,25 @@ const (
 	maxPipeConns     = 8
 	pipeRedial       = time.Second // after a failed dial, forward carries the queries this long
 	pipeReadBuffer   = 16 << 10
+	// pipeWriteBuffer bounds the frames queued on a connection while a write is under way; a query that
+	// finds no room waits for the writer to take them (or for the write to fail, after pipeWriteTimeout).
+	pipeWriteBuffer = 64 << 10
+	// maxLateIDs bounds the IDs a connection keeps for the queries given up on, whose answers may still
+	// come; a connection with that many takes no new queries.
+	maxLateIDs = 1024
+	// maxStallResends bounds the stalled queries re-sent at once to one address: the extra load a slow
+	// cluster DNS gets. A stalled query beyond it waits on its pipelined connection only.
+	maxStallResends = 16
 )
 
 var (
 	// errPipeUnavailable means the query was not sent: no connection could take it now.
 	errPipeUnavailable = errors.New("no pipelined connection available")
 	errPipeClosed      = errors.New("pipelined connection closed before the answer")
-	errPipeStalled     = errors.New("pipelined connection held up by an earlier query")
 	errPipeTimeout     = errors.New("no answer on the pipelined connection in time")
+	// errPipeStalled means the query stalled, and got no answer, pipelined or sent once more (or could not
+	// be sent once more, too many re-sends being under way): it is not to be sent again.
+	errPipeStalled = errors.New("no answer to a stalled query")
 )
 
 // pipeline carries queries to one address over TCP, many at once on one connection (RFC 7766,
@@ -47,11 +65,21 @@ var (
 // the cluster DNS Pod for each connection, so the load keeps moving between them), and the old one closes
 // once its last query is answered.
 //
-// Every error leaves the query unanswered and tells the caller why; the caller sends it with forward.
+// Every error leaves the query unanswered and tells the caller why; the caller sends it with forward,
+// except after errPipeStalled.
 type pipeline struct {
 	addr   string
 	expire time.Duration
 	dialer net.Dialer
+	zones  string // metrics label: the server block's zones
+	// resender is forward's proxy to addr, which sends a stalled query once more; nil: stalled queries
+	// only wait.
+	resender *proxy.Proxy
+	resends  chan struct{} // one token per re-send under way
+	// forwardUpstream is forward/upstream's metadata value for the queries sent here.
+	forwardUpstream metadata.Func
+	// newIO returns how a new connection is read and written (newStreamIO; tests wrap it).
+	newIO func(net.Conn) (streamIO, error)
 
 	mu         sync.Mutex
 	conns      []*pipeConn // the last one takes new queries while usable
@@ -60,11 +88,17 @@ type pipeline struct {
 	closed     bool
 }
 
-func newPipeline(addr string, expire time.Duration) *pipeline {
+// newPipeline returns a pipeline to addr whose stalled queries resender sends once more.
+func newPipeline(addr string, expire time.Duration, resender *proxy.Proxy, zones string) *pipeline {
 	return &pipeline{
-		addr:   addr,
-		expire: expire,
-		dialer: net.Dialer{Timeout: pipeDialTimeout},
+		addr:            addr,
+		expire:          expire,
+		dialer:          net.Dialer{Timeout: pipeDialTimeout},
+		zones:           zones,
+		resender:        resender,
+		resends:         make(chan struct{}, maxStallResends),
+		forwardUpstream: func() string { return addr },
+		newIO:           newStreamIO,
 	}
 }
 
@@ -103,11 +137,15 @@ type pipeConn struct {
 
 	mu      sync.Mutex
 	pending map[uint16]*pipeQuery
+	// late holds the IDs of the queries given up on whose answers may still come: no new query takes one
+	// until its answer came, so a late answer is never taken for another query's.
+	late    map[uint16]struct{}
 	nextID  uint16
 	seq     uint64 // queries sent so far
 	answers uint64 // answers read so far
-	wbuf    []byte // frames waiting for the writer
+	wbuf    []byte // frames waiting for the writer, at most pipeWriteBuffer bytes but for a lone frame
 	spare   []byte
+	room    chan struct{} // closed when the writer takes wbuf or the connection closes; nil: nobody waits
 	writing bool
 	retired bool  // takes no new queries; closes when nothing is pending
 	err     error // closed, and why
@@ -119,8 +157,9 @@ type pipeQuery struct {
 	done chan *dns.Msg // the answer, or closed when the connection closed
 }
 
-// exchange sends r and returns the answer, with r's ID.
-func (p *pipeline) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+// exchange sends r and returns the answer, with r's ID. w is the client's writer, which forward's proxy
+// reads the transport from when the query stalls and is sent once more.
+func (p *pipeline) exchange(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (*dns.Msg, error) {
 	c, reused, err := p.conn()
 	if err != nil {
 		return nil, err
@@ -131,20 +170,61 @@ func (p *pipeline) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 	}
 	start := time.Now()
 	q := &pipeQuery{done: make(chan *dns.Msg, 1)}
-	id, ok := c.enqueue(q, packed)
-	if !ok {
-		return nil, errPipeUnavailable
+	id, err := c.enqueue(ctx, q, packed)
+	if err != nil {
+		return nil, err
 	}
 	if reused {
 		p.countConn(true)
 	}
-	m, err := c.wait(ctx, q, id, start)
+	m, err := c.wait(ctx, q, id, start, w, r)
 	if err != nil {
 		return nil, err
 	}
 	m.Id = r.Id
-	p.observe(m, time.Since(start))
 	return m, nil
+}
+
+// resendResult is the outcome of a stalled query sent once more.
+type resendResult struct {
+	m   *dns.Msg
+	err error
+}
+
+// resend sends a copy of r through forward's proxy, on a connection of its own, unless maxStallResends
+// are under way already. It returns where the outcome will come and what stops the copy once it is not
+// needed, or nils when it sent nothing.
+func (p *pipeline) resend(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (<-chan resendResult, context.CancelFunc) {
+	if p.resender == nil {
+		return nil, nil
+	}
+	select {
+	case p.resends <- struct{}{}:
+	default:
+		return nil, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stallResends.WithLabelValues(metrics.WithServer(ctx), p.zones, p.addr).Inc()
+	// A copy, since the proxy sets its ID on the wire while this query goes on waiting; the size the
+	// proxy reads is computed here, where the client's writer is still this query's.
+	state := request.Request{W: w, Req: r.Copy()}
+	state.Size()
+	out := make(chan resendResult, 1)
+	go func() {
+		defer func() { <-p.resends }()
+		for {
+			m, _, _, err := p.resender.Connect(ctx, state, proxy.Options{ForceTCP: true})
+			if errors.Is(err, proxy.ErrCachedClosed) {
+				continue // closed before the query went out, as forward retries it
+			}
+			if err != nil && ctx.Err() == nil {
+				p.resender.Healthcheck() // as forward does after a failed exchange, not one stopped here
+			}
+			out <- resendResult{m, err}
+			return
+		}
+	}()
+	return out, cancel
 }
 
 // conn returns the connection that takes new queries, and whether it was open already. Without one, it
@@ -200,7 +280,7 @@ func (p *pipeline) dial() (*pipeConn, error) {
 		nc.Close()
 		return nil, errPipeUnavailable
 	}
-	sio, err := newStreamIO(nc)
+	sio, err := p.newIO(nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -208,7 +288,7 @@ func (p *pipeline) dial() (*pipeConn, error) {
 	for _, o := range p.conns {
 		o.retire()
 	}
-	c := &pipeConn{p: p, c: nc, io: sio, opened: time.Now(), pending: map[uint16]*pipeQuery{}}
+	c := &pipeConn{p: p, c: nc, io: sio, opened: time.Now(), pending: map[uint16]*pipeQuery{}, late: map[uint16]struct{}{}}
 	p.conns = append(p.conns, c)
 	go c.read()
 	return c, nil
@@ -233,15 +313,29 @@ func (p *pipeline) close() {
 }
 
 // enqueue registers q under a free ID, queues its frame, and writes the queued frames unless a writer is
-// at it already. It reports false when the connection takes no new queries.
-func (c *pipeConn) enqueue(q *pipeQuery, packed []byte) (uint16, bool) {
+// at it already. While the queued frames leave no room for this one, it waits for the writer to take them
+// (back-pressure), until ctx ends. It returns errPipeUnavailable when the connection takes no new queries.
+func (c *pipeConn) enqueue(ctx context.Context, q *pipeQuery, packed []byte) (uint16, error) {
 	c.mu.Lock()
-	if c.err != nil || c.retired || len(c.pending) >= 1<<16-1 {
+	for c.err == nil && len(c.wbuf) > 0 && len(c.wbuf)+2+len(packed) > pipeWriteBuffer {
+		if c.room == nil {
+			c.room = make(chan struct{})
+		}
+		room := c.room
 		c.mu.Unlock()
-		return 0, false
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		c.mu.Lock()
+	}
+	if c.err != nil || c.retired || len(c.pending)+len(c.late) >= 1<<16-1 {
+		c.mu.Unlock()
+		return 0, errPipeUnavailable
 	}
 	id := c.nextID
-	for c.pending[id] != nil {
+	for c.takenLocked(id) {
 		id++
 	}
 	c.nextID = id + 1
@@ -257,7 +351,24 @@ func (c *pipeConn) enqueue(q *pipeQuery, packed []byte) (uint16, bool) {
 	if write {
 		c.flush()
 	}
-	return id, true
+	return id, nil
+}
+
+// takenLocked reports whether id is a waiting query's, or a given-up query's whose answer may still come.
+func (c *pipeConn) takenLocked(id uint16) bool {
+	if c.pending[id] != nil {
+		return true
+	}
+	_, late := c.late[id]
+	return late
+}
+
+// wakeLocked wakes the queries waiting for room in the write buffer.
+func (c *pipeConn) wakeLocked() {
+	if c.room != nil {
+		close(c.room)
+		c.room = nil
+	}
 }
 
 // flush writes the queued frames until none is left. It first yields, so that the goroutines ready to
@@ -273,6 +384,7 @@ func (c *pipeConn) flush() {
 		}
 		buf := c.wbuf
 		c.wbuf, c.spare = c.spare[:0], nil
+		c.wakeLocked()
 		c.mu.Unlock()
 		err := c.c.SetWriteDeadline(time.Now().Add(pipeWriteTimeout))
 		if err == nil {
@@ -291,44 +403,100 @@ func (c *pipeConn) flush() {
 	}
 }
 
-// wait waits for q's answer. It gives up when the connection closes, when ctx ends, after pipeReadTimeout,
-// and after stallAfter without an answer on the connection while an earlier query waits there too.
-func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time.Time) (*dns.Msg, error) {
+// wait waits for q's answer. It gives up when ctx ends, and when the connection closes or returns nothing
+// for q in pipeReadTimeout: the caller then sends the query with forward, unless it stalled. A stalled query
+// (see stalled) is sent once more through forward's proxy, when fewer than maxStallResends are under way,
+// while its pipelined copy goes on waiting; the first answer wins. One that found no room is sent once more
+// if it is still stalled at a later check and there is room then, or when its pipelined copy gets no
+// answer, if there is room then. A stalled query is never sent a third time: when no copy is answered, wait
+// returns errPipeStalled.
+func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time.Time, w dns.ResponseWriter, r *dns.Msg) (*dns.Msg, error) {
 	t := time.NewTimer(stallAfter)
 	defer t.Stop()
 	c.mu.Lock()
 	seen := c.answers
 	c.mu.Unlock()
+	var (
+		done      = q.done
+		tick      = t.C
+		lost      error               // why the pipelined copy gets no answer; nil while it may
+		held      bool                // q stalled
+		resending bool                // q was sent once more
+		resent    <-chan resendResult // the copy sent once more, while under way
+		resendErr error               // why that copy got no answer
+	)
+	// A copy sent once more is not needed once this returns: ending its context ends a dial to an upstream
+	// that does not answer, which would hold its place among the re-sends for up to the proxy's 30 s.
+	var stopResend context.CancelFunc
+	defer func() {
+		if stopResend != nil {
+			stopResend()
+		}
+	}()
 	for {
+		retry := false // q is to be sent once more, if it was not and there is room
 		select {
-		case m, ok := <-q.done:
-			if !ok {
-				return nil, errPipeClosed
+		case m, ok := <-done:
+			if ok {
+				c.p.observe(m, time.Since(start))
+				return m, nil
 			}
-			return m, nil
+			lost, done, tick, retry = errPipeClosed, nil, nil, held
+		case res := <-resent:
+			if res.err == nil {
+				c.forget(id, q, false)
+				return res.m, nil
+			}
+			resent, resendErr = nil, res.err
 		case <-ctx.Done():
 			c.forget(id, q, false)
 			return nil, ctx.Err()
-		case <-t.C:
+		case <-tick:
+			if time.Since(start) >= pipeReadTimeout {
+				c.forget(id, q, true)
+				lost, done, tick, retry = errPipeTimeout, nil, nil, held
+				break
+			}
+			if c.stalled(q, id, held, &seen) {
+				if !held {
+					held = true
+					stalls.WithLabelValues(metrics.WithServer(ctx), c.p.zones, c.p.addr).Inc()
+				}
+				retry = true
+			}
+			t.Reset(stallAfter)
 		}
-		c.mu.Lock()
-		progressed, oldest := c.answers != seen, c.oldestLocked(q)
-		seen = c.answers
-		c.mu.Unlock()
+		if retry && !resending {
+			resent, stopResend = c.p.resend(ctx, w, r)
+			resending = resent != nil
+		}
 		switch {
-		case time.Since(start) >= pipeReadTimeout:
-			c.forget(id, q, true)
-			return nil, errPipeTimeout
-		case progressed:
-		case oldest:
-			// Nothing earlier holds it up: only later queries would gain by leaving, so new ones stay off.
-			c.retire()
+		case lost == nil || resent != nil:
+			// A copy may still be answered.
+		case !held:
+			return nil, lost
+		case !resending:
+			return nil, fmt.Errorf("%w (pipelined: %w; not sent once more)", errPipeStalled, lost)
 		default:
-			c.forget(id, q, true)
-			return nil, errPipeStalled
+			return nil, fmt.Errorf("%w (pipelined: %w; sent once more: %w)", errPipeStalled, lost, resendErr)
 		}
-		t.Reset(stallAfter)
 	}
+}
+
+// stalled reports whether q waits behind a slow answer: no answer came on the connection since the last
+// check (seen), q still waits, and an earlier query waits too, or did when q was found stalled before
+// (held), which spares a held query the look for it. Either way, a connection that returned no answer
+// since the last check takes no new queries: only later queries would gain by its closing.
+func (c *pipeConn) stalled(q *pipeQuery, id uint16, held bool, seen *uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	progressed := c.answers != *seen
+	*seen = c.answers
+	if progressed || c.pending[id] != q {
+		return false
+	}
+	c.retireLocked()
+	return held || !c.oldestLocked(q)
 }
 
 // oldestLocked reports whether q is the earliest query still waiting on c.
@@ -341,11 +509,14 @@ func (c *pipeConn) oldestLocked(q *pipeQuery) bool {
 	return true
 }
 
-// forget stops waiting for q's answer; with retire, the connection takes no new queries.
+// forget stops waiting for q's answer; with retire, the connection takes no new queries. q's ID stays
+// taken until its answer comes or the connection closes; a connection with maxLateIDs such IDs is retired.
 func (c *pipeConn) forget(id uint16, q *pipeQuery, retire bool) {
 	c.mu.Lock()
 	if c.pending[id] == q {
 		delete(c.pending, id)
+		c.late[id] = struct{}{}
+		retire = retire || len(c.late) >= maxLateIDs
 	}
 	if retire {
 		c.retireLocked()
@@ -366,10 +537,12 @@ func (c *pipeConn) retireLocked() {
 	c.closeIfDoneLocked()
 }
 
-// closeIfDoneLocked closes a retired connection that has nothing pending; its reader then ends.
+// closeIfDoneLocked closes a retired connection that has nothing pending (late answers it no longer
+// waits for); its reader then ends.
 func (c *pipeConn) closeIfDoneLocked() {
 	if c.retired && len(c.pending) == 0 && c.err == nil {
 		c.err = errPipeClosed
+		c.wakeLocked()
 		c.c.Close()
 	}
 }
@@ -384,6 +557,8 @@ func (c *pipeConn) fail(err error) {
 		close(q.done)
 		delete(c.pending, id)
 	}
+	clear(c.late) // no answer comes any more
+	c.wakeLocked()
 	c.mu.Unlock()
 	c.c.Close()
 	c.p.remove(c)
@@ -404,24 +579,34 @@ func (c *pipeConn) read() {
 			c.fail(err)
 			return
 		}
-		if n < 2 {
-			continue
-		}
-		id := binary.BigEndian.Uint16(buf)
-		c.mu.Lock()
-		q := c.pending[id]
-		delete(c.pending, id)
-		c.answers++
-		c.closeIfDoneLocked()
-		c.mu.Unlock()
-		if q == nil {
-			continue // given up on, or not ours
-		}
-		m := new(dns.Msg)
-		if err := m.Unpack(buf[:n]); err != nil {
-			close(q.done)
-			continue
-		}
-		q.done <- m
+		c.deliver(buf[:n])
 	}
+}
+
+// deliver hands the answer in b to the query waiting for it. The answer to a query given up on frees its
+// ID; one for an ID nobody took is dropped.
+func (c *pipeConn) deliver(b []byte) {
+	if len(b) < 2 {
+		return
+	}
+	id := binary.BigEndian.Uint16(b)
+	c.mu.Lock()
+	q := c.pending[id]
+	if q != nil {
+		delete(c.pending, id)
+	} else {
+		delete(c.late, id)
+	}
+	c.answers++
+	c.closeIfDoneLocked()
+	c.mu.Unlock()
+	if q == nil {
+		return
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(b); err != nil {
+		close(q.done)
+		return
+	}
+	q.done <- m
 }

@@ -96,12 +96,18 @@ func (s *frameServer) next(t *testing.T) frame {
 	}
 }
 
-// reply answers f's query with an A record for its name.
+// reply answers f's query with an A record for its name, 192.0.2.9.
 func reply(t *testing.T, f frame) {
+	t.Helper()
+	replyWith(t, f, net.IPv4(192, 0, 2, 9))
+}
+
+// replyWith answers f's query with an A record for its name, a.
+func replyWith(t *testing.T, f frame, a net.IP) {
 	t.Helper()
 	m := new(dns.Msg)
 	m.SetReply(f.msg)
-	m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: f.msg.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(192, 0, 2, 9)}}
+	m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: f.msg.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: a}}
 	b, err := m.Pack()
 	if err != nil {
 		t.Fatal(err)
@@ -126,19 +132,33 @@ type exchangeResult struct {
 	err error
 }
 
+// exchange sends r on p for a client over TCP.
+func exchange(ctx context.Context, p *pipeline, r *dns.Msg) (*dns.Msg, error) {
+	return p.exchange(ctx, &test.ResponseWriter{TCP: true}, r)
+}
+
 func goExchange(p *pipeline, r *dns.Msg) <-chan exchangeResult {
+	return goExchangeCtx(context.Background(), p, r)
+}
+
+func goExchangeCtx(ctx context.Context, p *pipeline, r *dns.Msg) <-chan exchangeResult {
 	out := make(chan exchangeResult, 1)
 	go func() {
-		m, err := p.exchange(context.Background(), r)
+		m, err := exchange(ctx, p, r)
 		out <- exchangeResult{m, err}
 	}()
 	return out
 }
 
-// openPipeline returns a pipeline to s with its connection up.
+// openPipeline returns a pipeline to s with its connection up, whose stalled queries only wait.
 func openPipeline(t *testing.T, s *frameServer) *pipeline {
 	t.Helper()
-	p := newPipeline(s.addr(), time.Hour)
+	return openPipelineTo(t, newPipeline(s.addr(), time.Hour, nil, "test"))
+}
+
+// openPipelineTo brings p's first connection up and closes p at the end of the test.
+func openPipelineTo(t *testing.T, p *pipeline) *pipeline {
+	t.Helper()
 	t.Cleanup(p.close)
 	if _, _, err := p.conn(); err != nil {
 		t.Fatal(err)
@@ -151,18 +171,25 @@ func openPipeline(t *testing.T, s *frameServer) *pipeline {
 // stallAfter retires it.
 func sendOn(t *testing.T, c *pipeConn, name string) func() exchangeResult {
 	t.Helper()
-	packed, err := aQuery(name, 0).Pack()
+	wait := sendMsgOn(t, c, aQuery(name, 0))
+	return func() exchangeResult { return wait(context.Background()) }
+}
+
+// sendMsgOn queues r on c and returns what waiting for its answer, until ctx ends, takes.
+func sendMsgOn(t *testing.T, c *pipeConn, r *dns.Msg) func(ctx context.Context) exchangeResult {
+	t.Helper()
+	packed, err := r.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
 	q := &pipeQuery{done: make(chan *dns.Msg, 1)}
 	start := time.Now()
-	id, ok := c.enqueue(q, packed)
-	if !ok {
-		t.Fatalf("%s: the connection took no query", name)
+	id, err := c.enqueue(context.Background(), q, packed)
+	if err != nil {
+		t.Fatalf("%s: %v", r.Question[0].Name, err)
 	}
-	return func() exchangeResult {
-		m, err := c.wait(context.Background(), q, id, start)
+	return func(ctx context.Context) exchangeResult {
+		m, err := c.wait(ctx, q, id, start, &test.ResponseWriter{TCP: true}, r)
 		return exchangeResult{m, err}
 	}
 }
@@ -222,8 +249,8 @@ func TestPipelineWritesQueuedQueriesAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		sizes = append(sizes, 2+len(packed))
-		if _, ok := c.enqueue(&pipeQuery{done: make(chan *dns.Msg, 1)}, packed); !ok {
-			t.Fatal("the connection took no query")
+		if _, err := c.enqueue(context.Background(), &pipeQuery{done: make(chan *dns.Msg, 1)}, packed); err != nil {
+			t.Fatal(err)
 		}
 	}
 	c.flush()
@@ -235,9 +262,10 @@ func TestPipelineWritesQueuedQueriesAtOnce(t *testing.T) {
 	}
 }
 
-// TestPipelineLeavesAHeldUpConnection holds the answer to a query: a query sent behind it on the same
-// connection gives up (the caller sends it with forward), the connection takes no new queries, and the
-// held query still gets its answer.
+// TestPipelineLeavesAHeldUpConnection holds the answer to a query: the connection takes no new queries
+// once a query behind the held one has waited without an answer, a new connection takes the next query,
+// and the held query and the one behind it (which only waits, with no proxy to send it once more) get
+// their answers once they come.
 func TestPipelineLeavesAHeldUpConnection(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipeline(t, s)
@@ -245,16 +273,20 @@ func TestPipelineLeavesAHeldUpConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Both queued before either waits, so that the held one cannot retire the connection first.
+	// Both queued before either waits, so that both are on the held-up connection.
 	waitHeld := sendOn(t, c, "slow.example.")
 	waitBehind := sendOn(t, c, "fast.example.")
 	slow := s.next(t)
-	s.next(t) // the server reads the second query, and answers nothing before slow's answer
+	behind := s.next(t) // the server reads the second query, and answers nothing before slow's answer
 	held := make(chan exchangeResult, 1)
 	go func() { held <- waitHeld() }()
-	if r := waitBehind(); !errors.Is(r.err, errPipeStalled) {
-		t.Fatalf("the query behind the held one: %v, %v; want %v", r.m, r.err, errPipeStalled)
-	}
+	stalled := make(chan exchangeResult, 1)
+	go func() { stalled <- waitBehind() }()
+	waitFor(t, waitLimit, "the held-up connection to take no new queries", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.retired
+	})
 	// A new connection takes the next queries.
 	if n, _, err := p.conn(); err != nil || n == c {
 		t.Fatalf("after the held-up connection: %v, the same connection %v", err, n == c)
@@ -269,8 +301,12 @@ func TestPipelineLeavesAHeldUpConnection(t *testing.T) {
 		t.Fatalf("the query on the new connection: %v", r.err)
 	}
 	reply(t, slow)
+	reply(t, behind)
 	if r := <-held; r.err != nil || r.m.Question[0].Name != "slow.example." {
 		t.Fatalf("the held query: %v, %v", r.m, r.err)
+	}
+	if r := <-stalled; r.err != nil || r.m.Question[0].Name != "fast.example." {
+		t.Fatalf("the query behind the held one: %v, %v", r.m, r.err)
 	}
 }
 
@@ -307,14 +343,14 @@ func TestPipelineClose(t *testing.T) {
 	if r := <-waiting; !errors.Is(r.err, errPipeClosed) {
 		t.Fatalf("got %v, %v; want %v", r.m, r.err, errPipeClosed)
 	}
-	if _, err := p.exchange(context.Background(), aQuery("q.example.", 2)); !errors.Is(err, errPipeUnavailable) {
+	if _, err := exchange(context.Background(), p, aQuery("q.example.", 2)); !errors.Is(err, errPipeUnavailable) {
 		t.Fatalf("after close: %v, want %v", err, errPipeUnavailable)
 	}
 }
 
 // TestSlowAnswerHoldsNoQueryUp holds the answer to one name at the upstream: a query for another name,
-// sent after it over the same pipelined connection, is answered while that answer is held (forward carries
-// it once the connection is held up), and the held query gets its answer once it comes.
+// sent after it over the same pipelined connection, is answered while that answer is held (sent once more
+// through forward's proxy once it stalls there), and the held query gets its answer once it comes.
 func TestSlowAnswerHoldsNoQueryUp(t *testing.T) {
 	up, err := listenUpstream("127.0.0.1", 0, net.IPv4(192, 0, 2, 1))
 	if err != nil {
@@ -324,12 +360,12 @@ func TestSlowAnswerHoldsNoQueryUp(t *testing.T) {
 	arrived := make(chan struct{}, 1)
 	release := make(chan struct{})
 	var holding atomic.Bool // only the first counted query is held
-	up.hold = func() {
+	up.setHold(func() {
 		if holding.CompareAndSwap(false, true) {
 			arrived <- struct{}{}
 			<-release
 		}
-	}
+	})
 
 	u := New(Config{Service: defaultService, Namespace: defaultNamespace, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
 	u.initial = upstreamSet{addrs: []string{up.tcp.Listener.Addr().String()}, source: sourceFallback}
@@ -357,8 +393,8 @@ func TestSlowAnswerHoldsNoQueryUp(t *testing.T) {
 	if rec := <-held; rec.Msg == nil || len(rec.Msg.Answer) != 1 || rec.Msg.Question[0].Name != "slow.example.org." {
 		t.Fatalf("the held query: %v", rec.Msg)
 	}
-	// The held query went over the pipelined connection (the other went there too and gave up, or found
-	// the connection retired by then and went to forward directly).
+	// The held query went over the pipelined connection (the other went there too and was sent once more
+	// through forward's proxy, or found the connection retired by then and went to forward directly).
 	if n := pipelinedQueries(t) - before; n < 1 {
 		t.Errorf("%v queries sent on the pipelined connection, want at least the held one", n)
 	}

@@ -215,7 +215,7 @@ func parse(c *caddy.Controller) (Config, error) {
 					return cfg, c.ArgErr()
 				}
 			case "expire":
-				d, err := durationArg(c, 0)
+				d, err := durationArg(c, minExpire)
 				if err != nil {
 					return cfg, err
 				}

@@ -41,8 +41,8 @@ func TestSetup(t *testing.T) {
 				}},
 		},
 		{
-			input: "upstreamsvc {\n force_tcp\n force_tcp\n fallback 127.0.0.1\n fallback 127.0.0.2\n expire 0s\n}",
-			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: 0, HealthCheck: defaultHealthCheck,
+			input: "upstreamsvc {\n force_tcp\n force_tcp\n fallback 127.0.0.1\n fallback 127.0.0.2\n expire 1s\n}",
+			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: minExpire, HealthCheck: defaultHealthCheck,
 				Fallback: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53"), netip.MustParseAddrPort("127.0.0.2:53")}},
 		},
 
@@ -66,7 +66,11 @@ func TestSetup(t *testing.T) {
 		{input: "upstreamsvc {\n fallback <nil>\n}", wantErr: `"<nil>" is not an IP address`},
 		{input: "upstreamsvc {\n max_concurrent 0\n}", wantErr: "max_concurrent"},
 		{input: "upstreamsvc {\n max_concurrent many\n}", wantErr: "max_concurrent"},
-		{input: "upstreamsvc {\n expire -1s\n}", wantErr: "expire -1s: must be at least"},
+		{input: "upstreamsvc {\n expire -1s\n}", wantErr: "expire -1s: must be at least 1s"},
+		{input: "upstreamsvc {\n expire 0s\n}", wantErr: "expire 0s: must be at least 1s"},
+		{input: "upstreamsvc {\n expire 0\n}", wantErr: "expire 0s: must be at least 1s"},
+		{input: "upstreamsvc {\n expire 999ms\n}", wantErr: "expire 999ms: must be at least 1s"},
+		{input: "upstreamsvc {\n expire\n}", wantErr: "Wrong argument count"},
 		{input: "upstreamsvc {\n expire soon\n}", wantErr: "expire: time: invalid duration"},
 		{input: "upstreamsvc {\n health_check 0s\n}", wantErr: "health_check 0s: must be at least"},
 		{input: "upstreamsvc {\n health_check\n}", wantErr: "Wrong argument count"},

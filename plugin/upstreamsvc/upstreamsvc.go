@@ -5,8 +5,8 @@
 // The address is taken from the Kubernetes API (watched), else from the variables Kubernetes
 // injects into the pod, else from a static fallback. Over TCP, queries are pipelined on one connection
 // per address (pipeline.go); CoreDNS's forward plugin and proxy package carry the rest (UDP, dnstap, a query
-// held up or failed on its pipelined connection) and keep the health checks. A changed address swaps in a
-// new forwarder without failing queries that are already on their way.
+// that failed on its pipelined connection, and once more a query held up there) and keep the health
+// checks. A changed address swaps in a new forwarder without failing queries that are already on their way.
 package upstreamsvc
 
 import (
@@ -24,6 +24,7 @@ import (
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/plugin/dnstap"
 	"github.com/coredns/coredns/plugin/forward"
+	"github.com/coredns/coredns/plugin/metadata"
 	"github.com/coredns/coredns/plugin/metrics"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/coredns/coredns/plugin/pkg/proxy"
@@ -54,7 +55,8 @@ type Config struct {
 	Fallback []netip.AddrPort
 	// MaxConcurrent caps queries in flight (0: no cap); excess queries get REFUSED.
 	MaxConcurrent int64
-	// Expire is how long an idle upstream connection is kept.
+	// Expire is how long an idle upstream connection is kept, and how long a pipelined connection takes new
+	// queries; at least minExpire.
 	Expire time.Duration
 	// HealthCheck is the interval between health checks of an upstream that failed.
 	HealthCheck time.Duration
@@ -67,6 +69,10 @@ const (
 	defaultExpire      = 10 * time.Second
 	defaultHealthCheck = 500 * time.Millisecond
 )
+
+// minExpire is the shortest expire. A pipelined connection takes new queries for expire, then a new one
+// opens beside it: with forward's expire 0 (no idle connection kept), every query would open a connection.
+const minExpire = time.Second
 
 // UpstreamSvc forwards every query it receives to the Service's current address.
 type UpstreamSvc struct {
@@ -161,8 +167,11 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 		failFasts.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
 		return dns.RcodeServerFailure, errAllDown
 	}
-	if answered := u.pipelined(ctx, up, w, r); answered {
+	if answered, err := u.pipelined(ctx, up, w, r); answered || err != nil {
 		u.release(up)
+		if err != nil {
+			return dns.RcodeServerFailure, err
+		}
 		return dns.RcodeSuccess, nil
 	}
 	rcode, err := up.fwd.ServeDNS(ctx, w, r)
@@ -185,20 +194,25 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 }
 
 // pipelined sends r over a pipelined connection to one of up's addresses, picked at random as forward
-// picks, and writes the answer as forward would. It reports false when it wrote nothing: the query was not
-// sent, or got no answer there (the connection closed, or was held up by a slow answer), and forward is to
-// carry it.
-func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.ResponseWriter, r *dns.Msg) bool {
+// picks, sets forward's forward/upstream metadata to it, and writes the answer as forward would. It
+// reports false when it wrote nothing: with a nil error, the query was not sent, or got no answer there
+// (the connection closed or returned nothing in time), and forward is to carry it; with an error, the query
+// stalled there, got no answer from the copies sent, and is not to be sent again.
+func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.ResponseWriter, r *dns.Msg) (bool, error) {
 	if len(up.pipes) == 0 {
-		return false
+		return false, nil
 	}
 	p := up.pipes[0]
 	if len(up.pipes) > 1 {
 		p = up.pipes[rand.IntN(len(up.pipes))] //nolint:gosec // spreading queries needs no unpredictable choice
 	}
-	ret, err := p.exchange(ctx, r)
+	metadata.SetValueFunc(ctx, "forward/upstream", p.forwardUpstream)
+	ret, err := p.exchange(ctx, w, r)
+	if errors.Is(err, errPipeStalled) {
+		return false, err
+	}
 	if err != nil {
-		return false
+		return false, nil
 	}
 	state := request.Request{W: w, Req: r}
 	if !state.Match(ret) {
@@ -206,10 +220,10 @@ func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.Respons
 		formerr := new(dns.Msg)
 		formerr.SetRcode(r, dns.RcodeFormatError)
 		_ = w.WriteMsg(formerr)
-		return true
+		return true, nil
 	}
 	_ = w.WriteMsg(ret)
-	return true
+	return true, nil
 }
 
 // acquire returns the current upstream with a hold on it, or nil after shutdown.
@@ -333,8 +347,8 @@ func (u *UpstreamSvc) switchTo(set upstreamSet) {
 	fwd, proxies := u.newForward(set.addrs)
 	up := &upstream{fwd: fwd, proxies: proxies}
 	if !u.cfg.PreferUDP && u.tap == nil {
-		for _, addr := range set.addrs {
-			up.pipes = append(up.pipes, newPipeline(addr, u.cfg.Expire))
+		for i, addr := range set.addrs {
+			up.pipes = append(up.pipes, newPipeline(addr, u.cfg.Expire, proxies[i], u.zones))
 		}
 	}
 	u.current.Store(up)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coredns/coredns/plugin/metadata"
 	"github.com/coredns/coredns/plugin/pkg/dnstest"
 	"github.com/coredns/coredns/plugin/test"
 
@@ -23,10 +24,10 @@ func TestMaxConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer up.Close()
-	up.hold = func() {
+	up.setHold(func() {
 		arrived <- struct{}{}
 		<-release
-	}
+	})
 
 	u := New(Config{Service: defaultService, Namespace: defaultNamespace, MaxConcurrent: 1, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
 	u.initial = upstreamSet{addrs: []string{up.tcp.Listener.Addr().String()}, source: sourceFallback}
@@ -67,10 +68,10 @@ func TestSwitchKeepsInflightQuery(t *testing.T) {
 	arrived := make(chan struct{}, 1)
 	release := make(chan struct{})
 	old, next, port := upstreamPair(t)
-	old.hold = func() {
+	old.setHold(func() {
 		arrived <- struct{}{}
 		<-release
-	}
+	})
 	oldAddr, nextAddr := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.2:%d", port)
 
 	u := New(Config{Service: defaultService, Namespace: defaultNamespace, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
@@ -179,5 +180,38 @@ func TestFailFastWhileUpstreamDown(t *testing.T) {
 	}
 	if back.queries() != 1 {
 		t.Errorf("the restarted upstream got %d queries, want 1", back.queries())
+	}
+}
+
+// TestPipelinedQuerySetsForwardUpstream answers a query over the pipelined connection: forward's
+// forward/upstream metadata names the address it went to, as forward sets it for the queries it sends.
+func TestPipelinedQuerySetsForwardUpstream(t *testing.T) {
+	s := newFrameServer(t)
+	u := startUpstreamSvc(t, s.addr())
+	up := u.current.Load()
+	c, _, err := up.pipes[0].conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := metadata.ContextWithMetadata(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		rcode, _ := u.ServeDNS(ctx, dnstest.NewRecorder(&test.ResponseWriter{}), new(dns.Msg).SetQuestion("q.example.org.", dns.TypeA))
+		done <- rcode
+	}()
+	f := s.next(t)
+	if f.conn.LocalAddr().String() != c.c.RemoteAddr().String() || f.conn.RemoteAddr().String() != c.c.LocalAddr().String() {
+		t.Fatal("the query did not come on the pipelined connection")
+	}
+	reply(t, f)
+	if rcode := <-done; rcode != dns.RcodeSuccess {
+		t.Fatalf("rcode %d", rcode)
+	}
+	v := metadata.ValueFunc(ctx, "forward/upstream")
+	if v == nil {
+		t.Fatal("no forward/upstream metadata")
+	}
+	if got, want := v(), up.proxies[0].Addr(); got != want {
+		t.Errorf("forward/upstream is %q, want %q", got, want)
 	}
 }
