@@ -12,7 +12,10 @@ const maxShards = 64
 
 // store holds at most capacity entries and maxBytes bytes of them (entry.bytes), in shards that each get an
 // equal share of both. When a new entry does not fit its shard, entries are evicted until it does: each time
-// an expired one if one is found among the first few looked at, otherwise a random one.
+// an expired one if one is found among the first few looked at, otherwise the first one looked at that was not
+// asked for since evictions last looked at it (a second chance, as the CLOCK algorithm gives, counting up to
+// maxAsked asks). A flood of names asked once or twice therefore evicts its own entries, not the ones other
+// clients keep asking for.
 type store struct {
 	seed   maphash.Seed
 	mask   uint64
@@ -31,6 +34,10 @@ type shard struct {
 
 // evictionProbes is how many entries of a full shard are looked at for an expired one.
 const evictionProbes = 4
+
+// maxAsked is the most asks an entry keeps (entry.asked): how many evictions that look at it an entry asked for
+// often survives without being asked again.
+const maxAsked = 3
 
 // newStore splits capacity and maxBytes over up to maxShards shards: fewer when capacity is small, or when
 // maxBytes could not give every shard room for the largest entry, so that any storable answer fits a shard.
@@ -66,6 +73,9 @@ func (s *store) get(h uint64, key []byte) *entry {
 	if e == nil || e.key != string(key) {
 		return nil
 	}
+	if asked := e.asked.Load(); asked < maxAsked { // a hot entry is written once per eviction, not per hit
+		e.asked.Store(asked + 1) // a lost update between concurrent lookups costs an ask, no more
+	}
 	return e
 }
 
@@ -82,15 +92,7 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 		s.drop(sh, h, old)
 	}
 	for len(sh.items) >= sh.limit || sh.bytes+e.bytes > sh.byteLimit {
-		victim, probes := uint64(0), 0
-		for k, old := range sh.items { // map iteration starts at a random entry
-			victim = k
-			probes++
-			if !now.Before(old.expires) || probes == evictionProbes {
-				break
-			}
-		}
-		s.drop(sh, victim, sh.items[victim])
+		s.drop(sh, sh.victim(now), nil)
 		evicted = true
 	}
 	sh.items[h] = e
@@ -100,8 +102,41 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 	return evicted
 }
 
-// drop deletes e, held under h in sh; sh.mu is held.
+// victim returns the hash of the entry to evict from the full shard sh, whose lock is held: the first expired
+// entry among the first evictionProbes looked at, else the first one not asked for since evictions last
+// looked at it (entry.asked is 0). Every entry passed over loses one of its asks, so an entry asked for often
+// survives several evictions that look at it and one asked for once survives one; the search ends within
+// one pass of the shard, and when every entry there was asked for, the least asked for goes.
+func (sh *shard) victim(now time.Time) uint64 {
+	victim, least, found, probes := uint64(0), uint32(maxAsked+1), false, 0
+	for k, e := range sh.items { // map iteration starts at a random entry
+		probes++
+		if !now.Before(e.expires) {
+			return k
+		}
+		if !found {
+			switch asked := e.asked.Load(); {
+			case asked == 0:
+				victim, found = k, true
+			case asked < least:
+				victim, least = k, asked
+				fallthrough
+			default:
+				e.asked.Store(asked - 1)
+			}
+		}
+		if found && probes >= evictionProbes {
+			break
+		}
+	}
+	return victim
+}
+
+// drop deletes the entry under h in sh (e, or whatever is there when e is nil); sh.mu is held.
 func (s *store) drop(sh *shard, h uint64, e *entry) {
+	if e == nil {
+		e = sh.items[h]
+	}
 	delete(sh.items, h)
 	sh.bytes -= e.bytes
 	s.count.Add(-1)
