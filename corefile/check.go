@@ -411,12 +411,20 @@ func (c *checker) cacheMemory() {
 		}
 	}
 	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap)
-	if entries+wireEntries > 0 && need > c.opts.MemoryLimit {
-		c.add(line, HazardCacheMemory, fmt.Sprintf("the caches hold up to %d entries (and wirecache %d entries, at "+
-			"most %d MiB of answers); full, the node cache needs about %d MiB, above the %d MiB memory limit, and is "+
-			"OOM-killed (a DNS outage on the node) once they fill", entries, wireEntries, wireHeap>>20, need>>20, c.opts.MemoryLimit>>20),
-			fmt.Sprintf("raise the limit to at least %d MiB or lower the cache capacities (wirecache: max_memory)", (need>>20)+1))
+	if entries+wireEntries == 0 || need <= c.opts.MemoryLimit {
+		return
 	}
+	var held []string
+	if wireEntries > 0 {
+		held = append(held, fmt.Sprintf("wirecache holds up to %d entries, at most %d MiB of answers", wireEntries, wireHeap>>20))
+	}
+	if entries > 0 {
+		held = append(held, fmt.Sprintf("the cache plugin holds up to %d entries, bounded in number only (usual "+
+			"answers assumed; large ones take more)", entries))
+	}
+	c.add(line, HazardCacheMemory, fmt.Sprintf("%s; full, the node cache needs about %d MiB, above the %d MiB memory "+
+		"limit, and is OOM-killed (a DNS outage on the node) once they fill", strings.Join(held, ", and "), need>>20, c.opts.MemoryLimit>>20),
+		fmt.Sprintf("raise the limit to at least %d MiB or lower wirecache's max_memory (and the cache plugin's capacities)", (need>>20)+1))
 }
 
 // shardedCapacity is what CoreDNS's cache really holds for a capacity: 256 shards of at least 4 entries.
