@@ -84,8 +84,8 @@ type entry struct {
 	// bytes is the memory the entry holds, as the store counts it against its budget (see footprint).
 	bytes int64
 
-	// asked counts the lookups that found the entry, up to maxAsked, less the evictions that spared it (see
-	// store.victim); refreshing is held while a query of the expired entry asks the chain in the
+	// asked counts the lookups that found the entry, up to maxAsked, less one for each time every protected
+	// entry of its shard lost one (see shard.victim); refreshing is held while a query of the expired entry asks the chain in the
 	// background (serve_stale's WAIT), so that one refresh at a time runs for it.
 	asked      atomic.Uint32
 	refreshing atomic.Bool

@@ -11,11 +11,9 @@ import (
 const maxShards = 64
 
 // store holds at most capacity entries and maxBytes bytes of them (entry.bytes), in shards that each get an
-// equal share of both. When a new entry does not fit its shard, entries are evicted until it does: each time
-// an expired one if one is found among the first few looked at, otherwise the first one looked at that was not
-// asked for since evictions last looked at it (a second chance, as the CLOCK algorithm gives, counting up to
-// maxAsked asks). A flood of names asked once or twice therefore evicts its own entries, not the ones other
-// clients keep asking for.
+// equal share of both. When a new entry does not fit its shard, entries are evicted until it does: expired ones
+// and those few lookups found first, those asked for often last (see victim). A flood of names asked once or
+// twice therefore evicts its own entries, not the ones other clients keep asking for.
 type store struct {
 	seed   maphash.Seed
 	mask   uint64
@@ -32,12 +30,17 @@ type shard struct {
 	bytes     int64
 }
 
-// evictionProbes is how many entries of a full shard are looked at for an expired one.
+// evictionProbes is how many entries of a full shard are looked at for an expired one before an entry on
+// probation is evicted.
 const evictionProbes = 4
 
-// maxAsked is the most asks an entry keeps (entry.asked): how many evictions that look at it an entry asked for
-// often survives without being asked again.
-const maxAsked = 3
+// protectedAsks is how many lookups must find an entry before evictions spare it while entries on probation
+// remain (see victim), and maxAsked the most asks an entry keeps (entry.asked): how many rounds in which every
+// protected entry loses one it survives without being asked again.
+const (
+	protectedAsks = 2
+	maxAsked      = 8
+)
 
 // newStore splits capacity and maxBytes over up to maxShards shards: fewer when capacity is small, or when
 // maxBytes could not give every shard room for the largest entry, so that any storable answer fits a shard.
@@ -102,32 +105,39 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 	return evicted
 }
 
-// victim returns the hash of the entry to evict from the full shard sh, whose lock is held: the first expired
-// entry among the first evictionProbes looked at, else the first one not asked for since evictions last
-// looked at it (entry.asked is 0). Every entry passed over loses one of its asks, so an entry asked for often
-// survives several evictions that look at it and one asked for once survives one; the search ends within
-// one pass of the shard, and when every entry there was asked for, the least asked for goes.
+// victim returns the hash of the entry to evict from the full shard sh, whose lock is held. An entry found by
+// fewer than protectedAsks lookups since it was stored is on probation, the others are protected:
+//   - the first expired entry looked at, if one is among the first evictionProbes, else the first entry on
+//     probation, looking further until one is found (at most one pass of the shard);
+//   - when every entry is protected, each loses one ask, and the one that had the fewest goes.
+//
+// So answers asked once or twice (the first ask stores, the second is a hit) leave before any answer asked for
+// more; protected answers leave by how little they were asked since the last time every entry lost an ask,
+// and an expired one leaves as soon as an eviction meets it.
 func (sh *shard) victim(now time.Time) uint64 {
-	victim, least, found, probes := uint64(0), uint32(maxAsked+1), false, 0
+	victim, found, probes := uint64(0), false, 0
 	for k, e := range sh.items { // map iteration starts at a random entry
 		probes++
 		if !now.Before(e.expires) {
 			return k
 		}
-		if !found {
-			switch asked := e.asked.Load(); {
-			case asked == 0:
-				victim, found = k, true
-			case asked < least:
-				victim, least = k, asked
-				fallthrough
-			default:
-				e.asked.Store(asked - 1)
-			}
+		if !found && e.asked.Load() < protectedAsks {
+			victim, found = k, true
 		}
 		if found && probes >= evictionProbes {
-			break
+			return victim
 		}
+	}
+	if found {
+		return victim
+	}
+	least := uint32(maxAsked + 1)
+	for k, e := range sh.items {
+		asked := e.asked.Load()
+		if asked < least {
+			victim, least = k, asked
+		}
+		e.asked.Store(asked - 1) // every entry here has protectedAsks or more
 	}
 	return victim
 }
