@@ -227,25 +227,25 @@ func TestCheckMemoryFigures(t *testing.T) {
 }
 
 func TestCheckMemoryWithWireCache(t *testing.T) {
-	// The rendered iptables Corefile: 4 wirecaches holding at most 16 MiB of answers in all (35 MiB
-	// resident), no cache plugin: about 78 MiB with the base.
+	// The rendered iptables Corefile: 4 wirecaches holding at most 12 MiB of answers in all (26 MiB
+	// resident), no cache plugin: about 69 MiB with the base.
 	out, err := Render(goldenConfigs["iptables"])
 	if err != nil {
 		t.Fatal(err)
 	}
 	hazards, _ := Check(out, CheckOptions{MemoryLimit: 64 << 20})
 	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory ||
-		!strings.Contains(hazards[0].Problem, "wirecache holds up to 41941 entries, at most 16 MiB of answers;") ||
-		strings.Contains(hazards[0].Problem, "cache plugin") || !strings.Contains(hazards[0].Fix, "79 MiB") {
+		!strings.Contains(hazards[0].Problem, "wirecache holds up to 31456 entries, at most 12 MiB of answers;") ||
+		strings.Contains(hazards[0].Problem, "cache plugin") || !strings.Contains(hazards[0].Fix, "70 MiB") {
 		t.Errorf("got %v", hazards)
 	}
-	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 79 << 20}); len(hazards) != 0 {
-		t.Errorf("79 MiB is enough: %v", hazards)
+	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 70 << 20}); len(hazards) != 0 {
+		t.Errorf("70 MiB is enough: %v", hazards)
 	}
 	// With log, wirecache steps aside and holds nothing.
 	logged := strings.Replace(string(out), "    wirecache {\n", "    log\n    wirecache {\n", 1)
 	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 32 << 20})
-	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 15727 entries, at most 6 MiB of answers;") {
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 11796 entries, at most 4 MiB of answers;") {
 		t.Errorf("got %v", hazards)
 	}
 	// The cache plugin, where it caches instead, counts by its entries.
@@ -259,12 +259,12 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 	}
 	// max_memory, and a capacity too small to reach it, bound what wirecache holds.
 	for _, tc := range []struct{ options, want string }{
-		{"max_memory 1MiB", "at most 7 MiB of answers"},            // 6 MiB + 1 MiB
-		{"max_memory 33554432", "at most 38 MiB of answers"},       // 6 MiB + 32 MiB
-		{"capacity 100", "at most 7 MiB of answers"},               // 6 MiB + 100×13 KiB
-		{"capacity 100\n        max_memory 64Ki", "at most 6 MiB"}, // 6 MiB + 64 KiB
+		{"max_memory 1MiB", "at most 5 MiB of answers"},            // 4.5 MiB + 1 MiB
+		{"max_memory 33554432", "at most 36 MiB of answers"},       // 4.5 MiB + 32 MiB
+		{"capacity 100", "at most 5 MiB of answers"},               // 4.5 MiB + 100×13 KiB
+		{"capacity 100\n        max_memory 64Ki", "at most 4 MiB"}, // 4.5 MiB + 64 KiB
 	} {
-		changed := strings.Replace(string(out), "    wirecache {\n        capacity 26214\n        max_memory 10MiB\n",
+		changed := strings.Replace(string(out), "    wirecache {\n        capacity 19660\n        max_memory 7680KiB\n",
 			"    wirecache {\n        "+tc.options+"\n", 1)
 		hazards, _ := Check([]byte(changed), CheckOptions{MemoryLimit: 32 << 20})
 		if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, tc.want) {

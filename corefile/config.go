@@ -117,7 +117,7 @@ type Cache struct {
 // DefaultCacheMemory is the default byte budget of the caches: with the Go collector's headroom (GOGC=50)
 // and the process's own 20 to 30 MiB it fits the manifests' 48 MiB memory request (examples/kubernetes,
 // Memory).
-const DefaultCacheMemory = 16 << 20
+const DefaultCacheMemory = 12 << 20
 
 // MinCacheMemory is the least Cache.Memory: the smallest share, a sixteenth, must hold one entry of the
 // largest size wirecache stores (its MinMaxMemory, about 12 KiB).
