@@ -20,7 +20,14 @@ type store struct {
 	shards []shard
 	count  atomic.Int64
 	bytes  atomic.Int64
+	// ghosts remembers the asks of entries evicted lately, one slot per hash (see ghost), so that an answer
+	// asked for often and evicted anyway is stored again protected, not on probation.
+	ghosts    []atomic.Uint64
+	ghostMask uint64
 }
+
+// askBits is how many low bits of a ghost slot hold the asks; the others are the evicted entry's hash.
+const askBits = 4
 
 type shard struct {
 	mu        sync.RWMutex
@@ -49,7 +56,12 @@ func newStore(capacity int, maxBytes int64) *store {
 	for n*2 <= min(capacity, maxShards) && int64(n*2)*maxEntryBytes <= maxBytes {
 		n *= 2
 	}
-	s := &store{seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n)}
+	g := 256 // one ghost per four entries, 2 to 128 KiB
+	for g < capacity/4 && g < 1<<14 {
+		g *= 2
+	}
+	s := &store{seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n),
+		ghosts: make([]atomic.Uint64, g), ghostMask: uint64(g - 1)}
 	for i := range s.shards {
 		// Spread both limits exactly: the first capacity%n (maxBytes%n) shards get one more.
 		limit, byteLimit := capacity/n, maxBytes/int64(n)
@@ -92,10 +104,17 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 		return false
 	}
 	if old, ok := sh.items[h]; ok {
+		// A refreshed answer keeps the asks of the one it replaces.
+		e.asked.Store(old.asked.Load())
 		s.drop(sh, h, old)
+	} else if asked, ok := s.ghost(h); ok {
+		// Asked for again after an eviction: this ask counts too.
+		e.asked.Store(min(asked+1, maxAsked))
 	}
 	for len(sh.items) >= sh.limit || sh.bytes+e.bytes > sh.byteLimit {
-		s.drop(sh, sh.victim(now), nil)
+		victim := sh.victim(now)
+		s.ghosts[victim&s.ghostMask].Store(victim&^(1<<askBits-1) | uint64(sh.items[victim].asked.Load()))
+		s.drop(sh, victim, nil)
 		evicted = true
 	}
 	sh.items[h] = e
@@ -140,6 +159,15 @@ func (sh *shard) victim(now time.Time) uint64 {
 		e.asked.Store(asked - 1) // every entry here has protectedAsks or more
 	}
 	return victim
+}
+
+// ghost returns the asks of the entry last evicted under hash h, if its slot still holds it.
+func (s *store) ghost(h uint64) (uint32, bool) {
+	g := s.ghosts[h&s.ghostMask].Load()
+	if g&^(1<<askBits-1) != h&^(1<<askBits-1) {
+		return 0, false
+	}
+	return uint32(g & (1<<askBits - 1)), true
 }
 
 // drop deletes the entry under h in sh (e, or whatever is there when e is nil); sh.mu is held.
