@@ -128,6 +128,10 @@ func blockTTLFloorer(cfg *dnsserver.Config) (ttlFloorer, error) {
 	return floorer, nil
 }
 
+// maxStaleWait bounds serve_stale's WAIT: a client gives up on a query after a few seconds, so a longer wait
+// is a mistake.
+const maxStaleWait = time.Minute
+
 // maxTTL is the largest TTL RFC 2181 section 8 allows.
 const maxTTL = math.MaxInt32
 
@@ -194,7 +198,7 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 				}
 				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
 			case "serve_stale":
-				if len(args) > 2 {
+				if len(args) > 3 {
 					return nil, c.ArgErr()
 				}
 				wc.StaleFor, wc.StaleTTL = DefaultStaleFor, DefaultStaleTTL
@@ -212,6 +216,13 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 						return nil, c.Errf("serve_stale TTL: %q is not a whole number of seconds from 0s to %ds", args[1], maxTTL)
 					}
 					wc.StaleTTL = uint32(d / time.Second)
+				}
+				if len(args) > 2 {
+					d, err := time.ParseDuration(args[2])
+					if err != nil || d < 0 || d > maxStaleWait {
+						return nil, c.Errf("serve_stale WAIT: %q is not a duration from 0s to %s", args[2], maxStaleWait)
+					}
+					wc.StaleWait = d
 				}
 			case "repeats_only":
 				if len(args) != 0 {

@@ -117,30 +117,35 @@ true
 {{- end -}}
 
 {{/*
+A server block's wirecache, its only cache: at most .kib KiB of answers (its share of cacheMemoryMiB), an
+entry count that lets the bytes bind first (one per 400 bytes), and serve_stale; corefile.Template's wireCache.
+*/}}
+{{- define "node-local-dns.wirecache" -}}
+wirecache {
+        capacity {{ div (mul .kib 1024) 400 }}
+        max_memory {{ if eq (mod .kib 1024) 0 }}{{ div .kib 1024 }}MiB{{ else }}{{ .kib }}KiB{{ end }}
+        serve_stale 1h 5s 1s
+    }
+{{- end -}}
+
+{{/*
 The Corefile template of the node-local-dns ConfigMap: corefile.Template of the configuration the values
 describe (examples/kubernetes's tests check it). node-cache fills in the __PILLAR__ and __PROMETHEUS__
 variables from its flags, adds notrack after every bind and turns `forward . __PILLAR__CLUSTER__DNS__`
 into upstreamsvc.
 */}}
 {{- define "node-local-dns.corefile" -}}
+{{- $mib := int .Values.cacheMemoryMiB -}}
 {{- $bind := "bind __PILLAR__LOCAL__DNS__" -}}
 {{- if include "node-local-dns.takesClusterIP" . -}}
 {{- $bind = "bind __PILLAR__LOCAL__DNS__ __PILLAR__DNS__SERVER__" -}}
 {{- end -}}
 {{ .Values.domain }}:53 {
     errors
-    wirecache {
-        serve_stale 1h 5s
-        repeats_only
-    }
+    {{ include "node-local-dns.wirecache" (dict "kib" (div (mul $mib 1024 10) 16)) }}
     clamp {
         success 5 30
         denial 5 5
-    }
-    cache {
-        success 9984 30
-        denial 9984 5
-        serve_stale 1h verify 1s 5s
     }
     reload
     loop
@@ -156,12 +161,10 @@ into upstreamsvc.
 
 {{ . }}:53 {
     errors
-    wirecache {
-        serve_stale 1h 5s
-        repeats_only
-    }
-    cache 30 {
-        serve_stale 1h verify 1s 5s
+    {{ include "node-local-dns.wirecache" (dict "kib" (div (mul $mib 1024) 16)) }}
+    clamp {
+        success 5 30
+        denial 5 30
     }
     reload
     loop
@@ -175,12 +178,10 @@ into upstreamsvc.
 
 .:53 {
     errors
-    wirecache {
-        serve_stale 1h 5s
-        repeats_only
-    }
-    cache 30 {
-        serve_stale 1h verify 1s 5s
+    {{ include "node-local-dns.wirecache" (dict "kib" (div (mul $mib 1024 4) 16)) }}
+    clamp {
+        success 5 30
+        denial 5 30
     }
     reload
     loop
