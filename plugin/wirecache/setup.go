@@ -44,6 +44,7 @@ func setup(c *caddy.Controller) error {
 			return plugin.Error(pluginName, fmt.Errorf("server block %q: %w", block, err))
 		}
 		wc.floorer = floorer
+		wc.bypass = blockBypassZones(cfg)
 		wc.metricsZones = blockMetricsZones(cfg, dnsserver.Directives)
 		if wc.FastPath && !wc.stepAside {
 			if reasons := fastPathReasons(cfg, dnsserver.Directives); len(reasons) > 0 {
@@ -250,4 +251,21 @@ func parseSeconds(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a number of seconds from 0 to %d", s, maxTTL)
 	}
 	return time.Duration(n) * time.Second, nil
+}
+
+// zoneBypasser is a handler whose zones no cache may hold (cache.ZoneBypasser: dynupdate's zones, whose
+// records change with every UPDATE): wirecache neither stores nor serves answers in them.
+type zoneBypasser interface {
+	CacheBypassZones() []string
+}
+
+// blockBypassZones returns the zones the block's handlers say no cache may hold.
+func blockBypassZones(cfg *dnsserver.Config) []string {
+	var zones []string
+	for _, h := range cfg.Handlers() {
+		if b, ok := h.(zoneBypasser); ok {
+			zones = append(zones, b.CacheBypassZones()...)
+		}
+	}
+	return zones
 }

@@ -70,6 +70,8 @@ type WireCache struct {
 	// metricsZones, set at startup when the block's prometheus plugin runs after wirecache, are that plugin's
 	// zones; hits are then counted in CoreDNS's own series too (see coreSeries). Nil otherwise.
 	metricsZones []string
+	// bypass, set at startup, are the zones the block's handlers say no cache may hold (zoneBypasser).
+	bypass []string
 	// FastPath lets the block's hits be answered by the fast path (see fastpath.go) where it qualifies;
 	// fast, set at startup when it does, are the fast paths of the instance.
 	FastPath bool
@@ -327,6 +329,9 @@ func (wc *WireCache) serverMetrics(ctx context.Context) *serverMetrics {
 }
 
 func (wc *WireCache) inZones(r *dns.Msg) bool {
+	if len(wc.bypass) > 0 && (len(r.Question) == 0 || plugin.Zones(wc.bypass).Matches(r.Question[0].Name) != "") {
+		return false
+	}
 	if wc.allZones {
 		return true
 	}
