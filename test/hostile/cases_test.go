@@ -21,9 +21,9 @@ type oddCase struct {
 	transports []transport
 }
 
-// askTimeout is how long an ask waits for a reply that may not come: far above a reply's time on the
-// simulated node (a miss is a few milliseconds), however busy the machine.
-const askTimeout = 3 * time.Second
+// askTimeout is how long an ask waits for a reply that may not come: glibc's timeout, far above a reply's
+// time on the simulated node (a miss takes a few milliseconds), however busy the machine.
+const askTimeout = 5 * time.Second
 
 // w is a name of its own for a case, under the zone's wildcard.
 func w(label string) string { return label + ".w.default.svc.cluster.local." }

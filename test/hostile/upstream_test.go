@@ -142,13 +142,27 @@ func (u *brokenUpstream) serveConn(c net.Conn) {
 
 // reply is the reply to query: the cluster DNS's, broken when the query names a name under brokenZone.
 // With cut, the caller sends half of it and closes the connection. It is nil when there is no reply.
+//
+// A NOTIFY (which the caches pass on as CoreDNS does) is answered NOTIMP at once: CoreDNS's file plugin drops
+// it, and the caches' answer would then be a SERVFAIL once their upstream timeouts ran out, which a
+// comparison of answers within a client's timeout cannot tell from no answer.
 func (u *brokenUpstream) reply(query []byte, tcp bool) (reply []byte, cut bool) {
+	q := new(dns.Msg)
+	parsed := q.Unpack(query) == nil
+	if parsed && q.Opcode == dns.OpcodeNotify {
+		m := new(dns.Msg)
+		m.SetRcode(q, dns.RcodeNotImplemented)
+		b, err := m.Pack()
+		if err != nil {
+			return nil, false
+		}
+		return b, false
+	}
 	reply, err := u.ask(query)
 	if err != nil {
 		return nil, false
 	}
-	q := new(dns.Msg)
-	if q.Unpack(query) != nil || len(q.Question) != 1 {
+	if !parsed || len(q.Question) != 1 {
 		return reply, false
 	}
 	name := strings.ToLower(q.Question[0].Name)

@@ -107,15 +107,21 @@ type answer struct {
 	ttls []uint32
 }
 
+// What describe says of an ask that got no reply.
+const (
+	noReply       = "no reply"
+	closedNoReply = "connection closed, no reply"
+)
+
 // describe reads reply, the answer to a query with ID id.
 func describe(reply []byte, closed bool, err error, id uint16) answer {
 	switch {
 	case err != nil:
 		return answer{text: "error: " + err.Error()}
 	case closed:
-		return answer{text: "connection closed, no reply"}
+		return answer{text: closedNoReply}
 	case reply == nil:
-		return answer{text: "no reply"}
+		return answer{text: noReply}
 	case len(reply) < 2:
 		return answer{text: fmt.Sprintf("%d bytes: %x", len(reply), reply)}
 	}
