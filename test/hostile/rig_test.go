@@ -222,8 +222,22 @@ func (p process) String() string {
 	return fmt.Sprintf("%.0f goroutines, %.1f MiB resident, %.1f MiB heap in use", p.goroutines, p.rss/(1<<20), p.heap/(1<<20))
 }
 
-// scrape reads the metrics of the node cache whose prometheus listens on addr.
+// scrape reads the metrics of the node cache whose prometheus listens on addr. A scrape the endpoint
+// fails (the Prometheus handler answers with an error when a collector fails, as reading /proc may while
+// thousands of sockets come and go) is tried again, up to three times.
 func (r *rig) scrape(addr string) (process, error) {
+	var p process
+	var err error
+	for range 3 {
+		if p, err = r.scrapeOnce(addr); err == nil {
+			return p, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return p, err
+}
+
+func (r *rig) scrapeOnce(addr string) (process, error) {
 	var c net.Conn
 	err := r.n.Do(r.n.NodeNS, func() (err error) {
 		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
@@ -261,7 +275,8 @@ func (r *rig) scrape(addr string) (process, error) {
 	for name, to := range map[string]*float64{"go_goroutines": &p.goroutines, "process_resident_memory_bytes": &p.rss, "go_memstats_heap_inuse_bytes": &p.heap} {
 		v, ok := p.metrics[name]
 		if !ok {
-			return process{}, fmt.Errorf("%s/metrics has no %s", addr, name)
+			head := string(body[:min(len(body), 400)])
+			return process{}, fmt.Errorf("%s/metrics has no %s; it answered:\n%s", addr, name, head)
 		}
 		*to = v
 	}
