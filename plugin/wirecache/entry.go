@@ -85,10 +85,11 @@ type entry struct {
 	bytes int64
 
 	// asked counts the lookups that found the entry, up to maxAsked, less one for each time every protected
-	// entry of its shard lost one (see shard.victim); refreshing is held while a query of the expired entry asks the chain in the
-	// background (serve_stale's WAIT), so that one refresh at a time runs for it.
-	asked      atomic.Uint32
-	refreshing atomic.Bool
+	// entry of its shard lost one (see shard.victim); refresh is set while a query of the expired entry asks
+	// the chain in the background (serve_stale's WAIT), so that one refresh at a time runs for it, and its
+	// channel is closed when that refresh ends, for the queries that wait on it.
+	asked   atomic.Uint32
+	refresh atomic.Pointer[chan struct{}]
 }
 
 // Reasons an answer is not stored. They are never shown to clients; tests check them.

@@ -301,3 +301,58 @@ func TestServeStaleWait(t *testing.T) {
 		t.Errorf("refresh within the wait: %v, %v; want the chain's answer", got, err)
 	}
 }
+
+// TestServeStaleWaitFollowsTheRefresh: a query of an expired entry that arrives while another one's refresh
+// runs waits for that refresh, within its own WAIT, and gets the refreshed answer, as it would from a
+// refresh of its own; the chain is asked once.
+func TestServeStaleWaitFollowsTheRefresh(t *testing.T) {
+	f := newFixture(t)
+	f.wc.StaleFor, f.wc.StaleTTL = time.Hour, 7
+	req := newQuery("www.example.org.", dns.TypeA, 1232, false)
+	f.ask(req, udp4Client) // stored, lifetime 100 s
+
+	h := &hungChain{next: f.chain, release: make(chan struct{}), answered: make(chan struct{}, 1)}
+	f.wc.Next = h
+	f.wc.StaleWait = time.Hour // only the chain decides
+	f.now = t0.Add(101 * time.Second)
+	type result struct {
+		got *dns.Msg
+		err error
+	}
+	serve := func() <-chan result {
+		c := make(chan result, 1)
+		go func() {
+			got, _, err := f.serve(req.Copy(), udp4Client)
+			c <- result{got, err}
+		}()
+		return c
+	}
+	leader := serve()
+	for deadline := time.Now().Add(30 * time.Second); h.calls.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the expired entry's refresh never reached the chain")
+		}
+	}
+	// The second query is released into the refresh: once it counted its miss it is past the lookup that
+	// found the entry expired. Before, it was answered stale at once.
+	_, misses := counters()
+	follower := serve()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, now := counters(); now > misses {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second query never reached wirecache")
+		}
+	}
+	close(h.release)
+	for name, c := range map[string]<-chan result{"the refreshing query": leader, "the query during the refresh": follower} {
+		res := <-c
+		if res.err != nil || res.got == nil || !slices.Equal(ttls(res.got), []uint32{120, 100}) {
+			t.Errorf("%s: %v, %v; want the refreshed answer (TTLs 120 100), not the stale one", name, res.got, res.err)
+		}
+	}
+	if n := h.calls.Load(); n != 1 {
+		t.Errorf("the chain was asked %d times, want once", n)
+	}
+}

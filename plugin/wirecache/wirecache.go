@@ -183,9 +183,26 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 // background, and waits up to StaleWait for its answer (RFC 8767 section 5, the client response timer):
 // an answer that refreshes the entry goes to the client; a failure, or no answer in time, has the entry
 // answer with the stale TTL. The chain's answer, whenever it comes, replaces the entry as a miss's would.
-// One such refresh runs per entry at a time; queries of the entry meanwhile are answered stale at once.
+// One such refresh runs per entry at a time; a query of the entry meanwhile waits for it, within its own
+// StaleWait, and gets the refreshed entry, or the stale answer when the refresh failed or took longer, as
+// each client would with a refresh of its own.
 func (wc *WireCache) refreshStale(ctx context.Context, w dns.ResponseWriter, r *dns.Msg, stale *entry, h uint64, key string, q *query, now time.Time, m *serverMetrics) (int, error) {
-	if !stale.refreshing.CompareAndSwap(false, true) {
+	timer := time.NewTimer(wc.StaleWait)
+	defer timer.Stop()
+	wait := make(chan struct{})
+	if !stale.refresh.CompareAndSwap(nil, &wait) {
+		if running := stale.refresh.Load(); running != nil {
+			select {
+			case <-*running:
+			case <-timer.C:
+			}
+		}
+		// The refresh ended (or it ran out of this query's wait): what it stored answers, if it stored.
+		if e := wc.store.get(h, []byte(key)); e != nil && e != stale && wc.now().Before(e.expires) {
+			if served, err := wc.serveHit(w, r, e, q, wc.now(), m); served {
+				return dns.RcodeSuccess, err
+			}
+		}
 		if served, err := wc.serveStale(w, stale, q, m); served {
 			return dns.RcodeSuccess, err
 		}
@@ -193,8 +210,6 @@ func (wc *WireCache) refreshStale(ctx context.Context, w dns.ResponseWriter, r *
 		return wc.replay(w, <-wc.askDetached(ctx, w, r, h, key, q, now, m, nil))
 	}
 	done := wc.askDetached(ctx, w, r, h, key, q, now, m, stale)
-	timer := time.NewTimer(wc.StaleWait)
-	defer timer.Stop()
 	select {
 	case res := <-done:
 		if (res.msg != nil && refreshed(res.msg)) || res.raw != nil {
@@ -235,7 +250,9 @@ func (wc *WireCache) askDetached(ctx context.Context, w dns.ResponseWriter, r *d
 			rec.forget()
 		}
 		if refreshing != nil {
-			refreshing.refreshing.Store(false)
+			if wait := refreshing.refresh.Swap(nil); wait != nil {
+				close(*wait)
+			}
 		}
 		done <- chainResult{msg: dw.msg, raw: dw.raw, rcode: rcode, err: err}
 	}()
