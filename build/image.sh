@@ -12,6 +12,7 @@
 #
 #   build/image.sh                     bin/image (OCI layout) and bin/node-cache-image.tar (oci-archive)
 #   IMAGE_OUT=DIR build/image.sh       DIR/image and DIR/node-cache-image.tar instead
+#   IMAGE_CACHE=DIR build/image.sh     the .deb files in DIR instead of bin/image-cache
 #
 # Import with `ctr -n k8s.io images import bin/node-cache-image.tar` or `skopeo copy oci:bin/image:TAG
 # docker://REGISTRY/node-cache:TAG`.
@@ -22,7 +23,7 @@ GO=${GO:-go}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 out=${IMAGE_OUT:-$repo/bin}
-cache=$repo/bin/image-cache
+cache=${IMAGE_CACHE:-$repo/bin/image-cache}
 
 # The name and tag the chart deploys by default: values.yaml's image.repository and Chart.yaml's appVersion.
 name=$(sed -n '/^image:/,/^[^ #]/s/^  repository: *//p' charts/node-local-dns/values.yaml)
