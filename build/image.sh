@@ -41,6 +41,10 @@ fi
 export SOURCE_DATE_EPOCH
 arch=$("$GO" env GOARCH)
 debarch=$(dpkg --print-architecture)
+if [ "$arch" != "$debarch" ]; then
+	echo "image.sh: Go builds for $arch and apt fetches $debarch packages; build on a $arch machine" >&2
+	exit 1
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
