@@ -3,7 +3,7 @@ GO ?= go
 # Privileged tests (network namespaces, links, iptables) fail rather than skip when root or a tool is missing.
 export NODELOCALDNS_REQUIRE_PRIVILEGED = 1
 
-.PHONY: demo test test-deps check build fuzz
+.PHONY: demo test test-deps check build image fuzz
 
 # A node cache on 127.0.0.1:5300 in front of a stand-in cluster DNS on 127.0.0.1:5301; no root needed.
 demo:
@@ -38,6 +38,12 @@ check:
 
 build:
 	$(GO) build -o bin/node-cache ./cmd/node-cache
+
+# The image the chart and the manifests run (ghcr.io/nodelocaldns/node-cache:APPVERSION), with no container
+# engine: bin/image (an OCI layout) and bin/node-cache-image.tar (the same as an oci-archive), reproducibly
+# (build/image.sh says how). Debian packages come through apt-get; a second build reuses them and Go's cache.
+image:
+	GO=$(GO) ./build/image.sh
 
 # Each fuzz target for FUZZTIME; `make test` runs their committed seed corpora as ordinary tests.
 FUZZTIME ?= 20s

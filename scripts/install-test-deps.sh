@@ -54,6 +54,11 @@ declare -A package_of=(
 	[dig]=dnsutils
 	[getent]=libc-bin
 	[nft]=nftables
+	# The image's tests (test/image): build/image.sh unpacks Debian packages, umoci unpacks the image and
+	# runc runs it (crun 1.8, Debian 12's, refuses machines with cgroups in hybrid mode).
+	[dpkg-deb]=dpkg
+	[umoci]=umoci
+	[runc]=runc
 )
 
 missing=()
