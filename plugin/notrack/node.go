@@ -44,7 +44,7 @@ type node struct {
 	repairEvery time.Duration
 	// aheadCounted is the Reconciler's RuleSyncs whose rules ahead rulesAhead counts already.
 	aheadCounted int
-	rulesLogged bool
+	rulesLogged  bool
 
 	// life is the context of everything that works on the Reconciler in the background (probes, repairs).
 	// It has its own lock so that a final shutdown can end that work before it waits for mu.
