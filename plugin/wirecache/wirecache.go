@@ -53,6 +53,10 @@ type WireCache struct {
 	// plugin chain fails (RFC 8767, serve-stale); StaleTTL is the TTL of such an answer.
 	StaleFor time.Duration
 	StaleTTL uint32
+	// PreferPositive keeps an expired entry that has answer records over a chain's answer that turns
+	// NXDOMAIN or has none (serve_stale ... prefer_positive, as the cache plugin's serve_stale_policy
+	// prefer_positive): the entry answers instead, for up to StaleFor past its expiry.
+	PreferPositive bool
 
 	// RepeatsOnly stores an answer only when its question was asked before (see doorkeeper), so that names
 	// asked once are not held by both wirecache and the cache plugin.
@@ -178,6 +182,16 @@ func refreshed(res *dns.Msg) bool {
 	return res.Rcode == dns.RcodeSuccess || res.Rcode == dns.RcodeNameError
 }
 
+// refreshes reports whether res replaces the expired entry e for the client: it is refreshed, and under
+// PreferPositive, when e has answer records, res has some too (a NXDOMAIN or an empty answer does not
+// replace the last positive one).
+func (wc *WireCache) refreshes(e *entry, res *dns.Msg) bool {
+	if !refreshed(res) {
+		return false
+	}
+	return !wc.PreferPositive || !e.positive() || (res.Rcode == dns.RcodeSuccess && len(res.Answer) > 0)
+}
+
 // serveStale writes the reply the expired entry e gives q, with the stale TTL, and counts it; it reports
 // whether it could (it cannot when the reply would need truncation).
 func (wc *WireCache) serveStale(w dns.ResponseWriter, e *entry, q *query, m *serverMetrics) (bool, error) {
@@ -271,7 +285,7 @@ type recorder struct {
 // WriteMsg implements the dns.ResponseWriter interface.
 func (r *recorder) WriteMsg(m *dns.Msg) error {
 	r.writes++
-	if r.stale != nil && r.writes == 1 && m != nil && !refreshed(m) {
+	if r.stale != nil && r.writes == 1 && m != nil && !r.wc.refreshes(r.stale, m) {
 		if served, err := r.wc.serveStale(r.ResponseWriter, r.stale, &r.query, r.metrics); served {
 			return err
 		}
