@@ -67,7 +67,7 @@ func TestForeignRuleAheadNamedByVerifyAndPreflight(t *testing.T) {
 		return out
 	}
 	rawRow := func(out string) string {
-		for _, l := range strings.Split(out, "\n") {
+		for l := range strings.SplitSeq(out, "\n") {
 			if strings.HasPrefix(l, "rules ") && strings.Contains(l, "IPv4 raw/NODELOCALDNS") {
 				return l
 			}
