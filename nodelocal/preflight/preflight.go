@@ -113,8 +113,8 @@ func (c Config) withDefaults() Config {
 
 // Run runs the rollout checklist against the node it runs on, read-only: kube-proxy's mode and what
 // it means for the addresses, the local addresses already in use, the iptables backend, a node cache
-// already present, a resolver loop, the capabilities and the xtables lock. Each check adds one or more
-// findings; none changes anything.
+// already present, rules of others ahead of the cache's jumps, a resolver loop, the capabilities and the
+// xtables lock. Each check adds one or more findings; none changes anything.
 func Run(ctx context.Context, cfg Config) []Finding {
 	cfg = cfg.withDefaults()
 	st := readNodeState(ctx, cfg)
