@@ -154,6 +154,12 @@ type ServeStale struct {
 	// Verify is how long the cache waits for the upstream to refresh an expired answer before it serves
 	// the answer stale (the refresh goes on and updates the cache when it succeeds); default 1s.
 	Verify time.Duration
+	// PreferPositive keeps a name's last positive answer when its refresh turns NXDOMAIN or empty
+	// (kubernetes/dns#747: a cluster DNS that restarts, or loses its API server, answers NXDOMAIN for names
+	// that exist): the cache's serve_stale_policy prefer_positive and wirecache's prefer_positive. The
+	// positive answer is then served, with TTL, for up to For past its expiry, so a name that was really
+	// deleted keeps resolving that long too; off by default.
+	PreferPositive bool
 }
 
 // Defaults of ServeStale.

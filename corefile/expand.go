@@ -367,27 +367,50 @@ func formatDuration(d time.Duration) string {
 	return d.String()
 }
 
-// addServeStale puts serve_stale into every cache and wirecache directive that has none. A wirecache in a
+// addServeStale puts serve_stale into every cache and wirecache directive that has none, and with
+// s.PreferPositive the prefer_positive policy into those that have their own serve_stale but no policy. A
+// wirecache in a
 // block with log steps aside and would hold nothing, but its serve_stale is still written: the block may
 // lose its log on the next ConfigMap edit.
 func addServeStale(f *File, s ServeStale) {
 	for _, b := range f.Blocks {
 		for _, d := range b.Directives {
-			if d.Option("serve_stale") != nil {
-				continue
-			}
-			switch d.Name {
-			case "cache":
-				o := cacheServeStale(s)
+			switch {
+			case d.Name != "cache" && d.Name != "wirecache":
+			case d.Option("serve_stale") == nil:
+				add := []*Directive{wireCacheServeStale(s)}
+				if d.Name == "cache" {
+					add = cacheServeStale(s)
+					if d.Option("serve_stale_policy") != nil {
+						add = add[:1] // the ConfigMap's own policy stays
+					}
+				}
+				for _, o := range add {
+					o.Line = d.Line
+					d.Block = append(d.Block, o)
+				}
+			case !s.PreferPositive || staleOff(d.Option("serve_stale")):
+			case d.Name == "cache" && d.Option("serve_stale_policy") == nil:
+				// The ConfigMap's serve_stale stays; the policy asked for joins it.
+				o := cachePreferPositive()
 				o.Line = d.Line
 				d.Block = append(d.Block, o)
-			case "wirecache":
-				o := wireCacheServeStale(s)
-				o.Line = d.Line
-				d.Block = append(d.Block, o)
+			case d.Name == "wirecache":
+				if o := d.Option("serve_stale"); !slices.Contains(o.Args, "prefer_positive") {
+					o.Args = append(o.Args, "prefer_positive")
+				}
 			}
 		}
 	}
+}
+
+// staleOff reports whether a serve_stale line turns serving stale off (a DURATION of 0).
+func staleOff(o *Directive) bool {
+	if len(o.Args) == 0 {
+		return false
+	}
+	d, err := time.ParseDuration(o.Args[0])
+	return err == nil && d == 0
 }
 
 // Directives a stub-domain block does not copy from the `.` block: they open one listener per process.

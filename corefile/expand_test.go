@@ -340,3 +340,84 @@ func TestRenderIsExpandOfTemplate(t *testing.T) {
 		})
 	}
 }
+
+// TestExpandServeStalePreferPositive: with PreferPositive every cache gets serve_stale_policy
+// prefer_positive beside its serve_stale, written or added, and every wirecache's serve_stale gets
+// prefer_positive; a policy in the base Corefile stays, and so does a serve_stale turned off.
+func TestExpandServeStalePreferPositive(t *testing.T) {
+	base := `cluster.local:53 {
+    wirecache
+    cache {
+        success 9984 30
+    }
+    forward . 10.96.0.20
+}
+in-addr.arpa:53 {
+    wirecache {
+        serve_stale 10m
+    }
+    cache 30 {
+        serve_stale 10m immediate
+    }
+    forward . 10.96.0.20
+}
+ip6.arpa:53 {
+    cache 30 {
+        serve_stale 0s
+    }
+    forward . 10.96.0.20
+}
+.:53 {
+    cache 30 {
+        serve_stale 1h
+        serve_stale_policy prefer_positive
+    }
+    forward . /etc/resolv.conf
+}
+`
+	got, err := Expand([]byte(base), Expansion{ServeStale: &ServeStale{PreferPositive: true}}, KubeDNS{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `cluster.local:53 {
+    wirecache {
+        serve_stale 1h 5s 1s prefer_positive
+    }
+    cache {
+        success 9984 30
+        serve_stale 1h verify 1s 5s
+        serve_stale_policy prefer_positive
+    }
+    forward . 10.96.0.20
+}
+
+in-addr.arpa:53 {
+    wirecache {
+        serve_stale 10m prefer_positive
+    }
+    cache 30 {
+        serve_stale 10m immediate
+        serve_stale_policy prefer_positive
+    }
+    forward . 10.96.0.20
+}
+
+ip6.arpa:53 {
+    cache 30 {
+        serve_stale 0s
+    }
+    forward . 10.96.0.20
+}
+
+.:53 {
+    cache 30 {
+        serve_stale 1h
+        serve_stale_policy prefer_positive
+    }
+    forward . /etc/resolv.conf
+}
+`
+	if string(got) != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}

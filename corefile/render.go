@@ -81,7 +81,7 @@ func Template(c Config) ([]byte, error) {
 	}}
 	otherCache := &Directive{Name: "cache", Args: []string{strconv.Itoa(c.Cache.OtherTTL)}}
 	if !c.ServeStale.Disabled {
-		otherCache.Block = []*Directive{cacheServeStale(c.ServeStale)}
+		otherCache.Block = cacheServeStale(c.ServeStale)
 	}
 	other := func(share int64) []*Directive {
 		head, cache := caches(share, false, otherCache)
@@ -154,7 +154,7 @@ func clusterCache(c Config) *Directive {
 		{Name: "denial", Args: ints(c.Cache.DenialCapacity, c.Cache.DenialTTL)},
 	}}
 	if !c.ServeStale.Disabled {
-		d.Block = append(d.Block, cacheServeStale(c.ServeStale))
+		d.Block = append(d.Block, cacheServeStale(c.ServeStale)...)
 	}
 	return d
 }
@@ -162,17 +162,32 @@ func clusterCache(c Config) *Directive {
 // cacheServeStale is the cache plugin's serve_stale for s: serve an expired answer for s.For, after
 // asking the upstream first (verify) for at most s.Verify, with TTL s.TTL. verify, not immediate: while the
 // upstream answers, an expired answer is refreshed before it goes out, so no client sees a stale answer
-// the upstream could have replaced.
-func cacheServeStale(s ServeStale) *Directive {
+// the upstream could have replaced. With s.PreferPositive, serve_stale_policy prefer_positive follows.
+func cacheServeStale(s ServeStale) []*Directive {
 	s = s.withDefaults()
-	return &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), "verify", staleDuration(s.Verify), staleDuration(s.TTL)}}
+	out := []*Directive{{Name: "serve_stale", Args: []string{staleDuration(s.For), "verify", staleDuration(s.Verify), staleDuration(s.TTL)}}}
+	if s.PreferPositive {
+		out = append(out, cachePreferPositive())
+	}
+	return out
+}
+
+// cachePreferPositive is the cache plugin's policy that keeps a positive answer over a refresh that turns
+// NXDOMAIN or empty (CoreDNS v1.15 plugin/cache, serve_stale_policy).
+func cachePreferPositive() *Directive {
+	return &Directive{Name: "serve_stale_policy", Args: []string{"prefer_positive"}}
 }
 
 // wireCacheServeStale is wirecache's serve_stale for s: its expired entries answer, with TTL s.TTL, when
-// the plugins after it fail or have not answered within s.Verify, as the cache plugin's would.
+// the plugins after it fail or have not answered within s.Verify, as the cache plugin's would; with
+// s.PreferPositive also when the chain's answer turns NXDOMAIN or empty for an entry that had records.
 func wireCacheServeStale(s ServeStale) *Directive {
 	s = s.withDefaults()
-	return &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), staleDuration(s.TTL), staleDuration(s.Verify)}}
+	d := &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), staleDuration(s.TTL), staleDuration(s.Verify)}}
+	if s.PreferPositive {
+		d.Args = append(d.Args, "prefer_positive")
+	}
+	return d
 }
 
 // Expansion returns what node-cache's flags would fill into Template(c): the values of the template

@@ -77,6 +77,8 @@ type cacheSync struct {
 	// Rules is the number of rules in place, jumps or hooks included; Covered the addresses they cover.
 	Rules   int
 	Covered []netip.Addr
+	// Ahead are the rules of others the sync found ahead of the cache's jumps, and put the jumps back above.
+	Ahead []AheadRule
 }
 
 // divertPlan is how a fail-open diverts the cache's addresses to the cluster DNS, worked out by

@@ -99,6 +99,11 @@ func (f *iptablesFirewall) SyncCache(ctx context.Context, endpoints []rules.Endp
 			errs = append(errs, rulesError(fmt.Sprintf("sync %s rules", fam), err))
 			continue
 		}
+		for _, a := range sync.Ahead {
+			res.Ahead = append(res.Ahead, aheadRule(a))
+			f.log.Warningf("nodelocal: %s was ahead of the jump to the cache's chain, so the cache's rules did not apply to the traffic it matched; "+
+				"the jump is back in front of it (whatever inserts it there may do so again)", aheadRule(a))
+		}
 		if sync.Changed {
 			if last, ok := f.lastRules[fam]; ok && sameRuleset(last, rs) {
 				f.log.Warningf("nodelocal: repaired %s rules: rewrote chains %v, jumps %v", fam, sync.RewrittenChains, sync.RepairedJumps)
@@ -342,15 +347,24 @@ func (f *iptablesFirewall) Inspect(ctx context.Context, endpoints []rules.Endpoi
 			}
 			var notFirst []string
 			for _, hook := range c.Hooks {
-				if hr := st.Chains[hook]; len(hr) == 0 || hr[0].Target() != c.Name {
-					notFirst = append(notFirst, hook)
+				hr := st.Chains[hook]
+				if len(hr) > 0 && hr[0].Target() == c.Name {
+					continue
+				}
+				ahead := rules.RulesAhead(fam, c.Table, hook, hr, c.Name)
+				if len(ahead) == 0 {
+					notFirst = append(notFirst, "no jump from "+hook)
+					continue
+				}
+				for _, a := range ahead {
+					notFirst = append(notFirst, aheadRule(a).String()+" is ahead of the jump from "+hook)
 				}
 			}
 			switch {
 			case missing > 0:
 				check(target, false, "%d of the %d rules for %v are missing", missing, len(c.Rules), addressesOf(eps))
 			case len(notFirst) > 0:
-				check(target, false, "the jump to %s is not the first rule of %s", c.Name, strings.Join(notFirst, ", "))
+				check(target, false, "the jump to %s is not the first rule: %s", c.Name, strings.Join(notFirst, "; "))
 			default:
 				check(target, true, "%d rules, jumped to first from %s (%s)", len(have), strings.Join(c.Hooks, ", "), f.Reason())
 			}

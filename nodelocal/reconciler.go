@@ -57,6 +57,12 @@ type Status struct {
 	// jumps included, of both families.
 	RuleAddresses []netip.Addr
 	Rules         int
+	// Ahead are the rules of other components the last rules sync found ahead of the cache's jumps (in the
+	// hook chains of the raw and filter tables, iptables only): until the sync put the jumps back in front of
+	// them, the traffic they matched missed the cache's rules. Empty when the jumps were first.
+	Ahead []AheadRule
+	// RuleSyncs counts the rules syncs so far; Ahead is what the one numbered RuleSyncs found.
+	RuleSyncs int
 	// Backend is the iptables mode in use ("legacy" or "nft") once rules were synced, and BackendReason
 	// why it was chosen.
 	Backend       string
@@ -335,6 +341,7 @@ func (r *Reconciler) Status() Status {
 	s.Addresses = slices.Clone(s.Addresses)
 	s.ForeignAddresses = slices.Clone(s.ForeignAddresses)
 	s.RuleAddresses = slices.Clone(s.RuleAddresses)
+	s.Ahead = slices.Clone(s.Ahead)
 	return s
 }
 

@@ -183,7 +183,8 @@ func (r *Reconciler) syncRulesLocked(ctx context.Context, endpoints []rules.Endp
 	res, err := fw.SyncCache(ctx, endpoints)
 	r.setStatus(func(s *Status) {
 		s.RulesPresent = err == nil && len(endpoints) > 0
-		s.Rules, s.RuleAddresses = res.Rules, res.Covered
+		s.Rules, s.RuleAddresses, s.Ahead = res.Rules, res.Covered, res.Ahead
+		s.RuleSyncs++
 	})
 	return err
 }

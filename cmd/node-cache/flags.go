@@ -25,6 +25,8 @@ const (
 	defaultUpstreamSvc  = "kube-dns"
 	defaultHealthPort   = "8080"
 	defaultSyncInterval = 60 * time.Second
+	// servePreferPositive is -servestalepolicy's one policy, named as the cache plugin's.
+	servePreferPositive = "prefer_positive"
 )
 
 // nodeCacheFlags are upstream node-cache's flags, with its meanings, so that its DaemonSet arguments work
@@ -50,6 +52,7 @@ type nodeCacheFlags struct {
 	metricsListenAddress    string
 	prometheusListenAddress string
 	reloadWithSignal        bool
+	serveStalePolicy        string
 }
 
 // registerNodeCacheFlags defines the flags on fs. CoreDNS's own -conf, -dns.port and -pidfile are defined
@@ -73,6 +76,8 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.StringVar(&f.healthPort, "health-port", defaultHealthPort, "port of the health plugin, exempted from connection tracking (notrack ports)")
 	fs.StringVar(&f.metricsListenAddress, "metrics-listen-address", "", "HOST:PORT for node-cache's own /metrics; empty serves them only through the prometheus plugin")
 	fs.StringVar(&f.prometheusListenAddress, "prometheus-listen-address", "", "HOST:PORT for "+corefile.PrometheusEndpointVar+"; default the first -localip, port 9253")
+	fs.StringVar(&f.serveStalePolicy, "servestalepolicy", "", "prefer_positive: a name whose answer turns NXDOMAIN or empty keeps its last positive answer for the serve_stale window "+
+		"(cache serve_stale_policy prefer_positive, wirecache serve_stale ... prefer_positive), which also keeps a deleted name resolving that long; not an upstream flag; default none")
 	fs.BoolVar(&f.reloadWithSignal, "reloadwithsignal", false, "reload CoreDNS with SIGUSR1 to itself after writing a new Corefile, instead of leaving it to the reload plugin")
 	return f
 }
@@ -152,6 +157,9 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 			errs = append(errs, fmt.Errorf("-%s: %w", name, err))
 		}
 	}
+	if f.serveStalePolicy != "" && f.serveStalePolicy != servePreferPositive {
+		errs = append(errs, fmt.Errorf("-servestalepolicy: %q is not a policy; the one there is is %s", f.serveStalePolicy, servePreferPositive))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -202,7 +210,7 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 			Port:               dnsPort,
 			// Upstream's template has no serve_stale; without it, every name fails within 30 s of the
 			// cluster DNS going away.
-			ServeStale: &corefile.ServeStale{},
+			ServeStale: &corefile.ServeStale{PreferPositive: f.serveStalePolicy == servePreferPositive},
 		},
 	}
 	if f.reloadWithSignal {

@@ -117,6 +117,17 @@ func TestNodeCacheFlags(t *testing.T) {
 	if d.Output != "/run/Corefile" || fs.Lookup("conf").Value.String() != "/run/Corefile" {
 		t.Errorf("without -conf, -corefile is written and loaded: output %s, conf %s", d.Output, fs.Lookup("conf").Value)
 	}
+	if e.ServeStale == nil || e.ServeStale.PreferPositive {
+		t.Errorf("serve_stale %+v, want it without prefer_positive by default", e.ServeStale)
+	}
+
+	d, _, err = parseDropIn(t, "-localip", "169.254.20.10", "-servestalepolicy", "prefer_positive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := d.Expansion.ServeStale; s == nil || !s.PreferPositive {
+		t.Errorf("-servestalepolicy prefer_positive: serve_stale %+v", s)
+	}
 }
 
 func TestNodeCacheFlagsErrors(t *testing.T) {
@@ -133,6 +144,7 @@ func TestNodeCacheFlagsErrors(t *testing.T) {
 		{[]string{"-localip", "169.254.20.10", "-metrics-listen-address", "0.0.0.0"}, "-metrics-listen-address"},
 		{[]string{"-upstreamsvc", "kube-dns-upstream", "-skipteardown"}, "-upstreamsvc, -skipteardown only apply with -localip"},
 		{[]string{"-localip", "169.254.20.10", "-syncinterval", "soon"}, "invalid value"},
+		{[]string{"-localip", "169.254.20.10", "-servestalepolicy", "prefer_negative"}, `-servestalepolicy: "prefer_negative" is not a policy`},
 	}
 	for _, tt := range tests {
 		_, _, err := parseDropIn(t, tt.args...)

@@ -44,7 +44,7 @@ func registerVerifyFlags(fs *flag.FlagSet) *verifyFlags {
 	fs.StringVar(&v.domain, "verify.domain", corefile.DefaultClusterDomain, "the cluster domain")
 	fs.StringVar(&v.name, "verify.name", "", "a cluster name that must resolve; default kubernetes.default.svc.<domain>; its address is also looked up in reverse")
 	fs.StringVar(&v.external, "verify.external", "kubernetes.io", "a name outside the cluster that must resolve")
-	fs.StringVar(&v.readyPort, "verify.readyport", strconv.Itoa(corefile.DefaultReadyPort), "port of the ready plugin on the first -localip address")
+	fs.StringVar(&v.readyPort, "verify.readyport", strconv.Itoa(corefile.DefaultReadyPort), "port of the ready plugin on the first -localip address, instead of where the Corefile's ready listens")
 	fs.DurationVar(&v.timeout, "verify.timeout", 2*time.Second, "timeout of each lookup and HTTP check")
 	registerBackendFlag(fs, &v.backend)
 	return v
@@ -92,7 +92,10 @@ const exitUpstreamUnreachable = 3
 type verifyResult struct {
 	check, target string
 	ok            bool
-	detail        string
+	// skipped marks a check that does not apply to what the Corefile serves (no ready plugin, no notrack);
+	// detail says why. It neither passes nor fails.
+	skipped bool
+	detail  string
 	// viaUpstream marks an answer the cache gets from the cluster DNS upstream (the cluster name, its
 	// reverse), asked of the cache's address server.
 	viaUpstream bool
@@ -105,6 +108,8 @@ type verifyResult struct {
 // result is the RESULT column of r.
 func (r verifyResult) result() string {
 	switch {
+	case r.skipped:
+		return "skipped"
 	case r.ok:
 		return "ok"
 	case r.upstreamFault:
@@ -115,17 +120,26 @@ func (r verifyResult) result() string {
 
 // verifier holds what -verify checks and collects the results.
 type verifier struct {
-	listen     []netip.Addr
-	iface      string
-	backend    string
-	dnsPort    uint16
-	healthPort uint16
-	readyPort  uint16
-	domain     string
-	name       string
-	external   string
-	stubs      []string
-	timeout    time.Duration
+	listen  []netip.Addr
+	iface   string
+	backend string
+	dnsPort uint16
+	// served is the Corefile the cache serves (-conf), which says what the other checks ask: the blocks
+	// and their ports, the health and ready addresses, whether notrack keeps the link and rules. nil when it
+	// could not be read (a failed corefile row): the checks then follow the flags.
+	served *corefile.File
+	// confPath is where served was read from.
+	confPath string
+	// healthPort and readyPort are the flags' ports, on the first local address, for when the Corefile
+	// cannot be read; readyPortSet says -verify.readyport was given, which then wins over the Corefile.
+	healthPort   uint16
+	readyPort    uint16
+	readyPortSet bool
+	domain       string
+	name         string
+	external     string
+	stubs        []string
+	timeout      time.Duration
 	// metricsURL is the cache's /metrics (its prometheus plugin), where upstreamsvc says where it forwards.
 	metricsURL string
 	// upstreamService is the Service in front of the cluster DNS, for its address in the environment when
@@ -134,14 +148,25 @@ type verifier struct {
 	lookupEnv       func(string) (string, bool)
 
 	results []verifyResult
-	// lookups are the local address and source port of every UDP query sent, for the conntrack check.
-	lookups []netip.AddrPort
+	// lookups are the server and source port of every UDP query answered, for the conntrack check.
+	lookups []udpLookup
 	// answeredOn holds the cache's addresses that answered at least one lookup (any rcode).
 	answeredOn map[netip.Addr]bool
 }
 
+// udpLookup is one UDP query -verify sent the cache and got an answer to.
+type udpLookup struct {
+	server  netip.AddrPort
+	srcPort uint16
+}
+
 func (v *verifier) add(check, target string, ok bool, format string, args ...any) {
 	v.results = append(v.results, verifyResult{check: check, target: target, ok: ok, detail: fmt.Sprintf(format, args...)})
+}
+
+// skip adds a row for a check that does not apply to what the Corefile serves, with the reason.
+func (v *verifier) skip(check, target string, format string, args ...any) {
+	v.results = append(v.results, verifyResult{check: check, target: target, skipped: true, detail: fmt.Sprintf(format, args...)})
 }
 
 // runVerify is the -verify mode: it runs every check and prints the table to w.
@@ -150,13 +175,27 @@ func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCache
 	if err != nil {
 		return err
 	}
-	v.checkLink()
-	v.checkRules(ctx)
+	v.readCorefile()
+	if why := v.notrackSkip("no_interface"); why != "" {
+		v.skip("link", v.iface, "%s", why)
+	} else {
+		v.checkLink()
+	}
+	rulesSkip := v.notrackSkip("no_rules")
+	if rulesSkip != "" {
+		v.skip("rules", "notrack", "%s", rulesSkip)
+	} else {
+		v.checkRules(ctx)
+	}
 	v.checkAnswers(ctx)
 	v.checkUpstream(ctx)
-	v.checkConntrack()
-	v.checkHTTP(ctx, "ready", v.readyPort, "/ready")
-	v.checkHTTP(ctx, "health", v.healthPort, "/health")
+	if rulesSkip != "" {
+		v.skip("conntrack", "notrack", "%s: the cache's lookups may be tracked", rulesSkip)
+	} else {
+		v.checkConntrack()
+	}
+	v.checkHTTP(ctx, "ready", "/ready", corefile.DefaultReadyPort, v.readyPort, v.readyPortSet)
+	v.checkHTTP(ctx, "health", "/health", corefile.DefaultHealthPort, v.healthPort, false)
 	return printResults(w, v.results)
 }
 
@@ -165,10 +204,12 @@ func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCache
 func printResults(w io.Writer, results []verifyResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tTARGET\tRESULT\tDETAIL")
-	var cacheFailed, upstreamFailed, attributed int
+	var cacheFailed, upstreamFailed, attributed, skipped int
 	var upstreams []string
 	for _, r := range results {
 		switch {
+		case r.skipped:
+			skipped++
 		case r.ok:
 		case r.upstreamFault:
 			attributed++
@@ -183,12 +224,17 @@ func printResults(w io.Writer, results []verifyResult) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	run := len(results) - skipped
+	var skippedNote string
+	if skipped > 0 {
+		skippedNote = fmt.Sprintf(" (%d skipped: they do not apply to the Corefile the cache serves)", skipped)
+	}
 	switch {
 	case cacheFailed > 0:
-		fmt.Fprintf(w, "%d of %d checks failed\n", cacheFailed+upstreamFailed, len(results)-attributed)
+		fmt.Fprintf(w, "%d of %d checks failed%s\n", cacheFailed+upstreamFailed, run-attributed, skippedNote)
 		return errVerifyFailed
 	case upstreamFailed > 0:
-		fmt.Fprintf(w, "%d of %d checks failed", upstreamFailed, len(results))
+		fmt.Fprintf(w, "%d of %d checks failed%s", upstreamFailed, run, skippedNote)
 		if attributed > 0 {
 			fmt.Fprintf(w, " and %d are UPSTREAM", attributed)
 		}
@@ -196,7 +242,7 @@ func printResults(w io.Writer, results []verifyResult) error {
 			strings.Join(upstreams, ", "))
 		return errUpstreamUnreachable
 	}
-	fmt.Fprintf(w, "all %d checks passed\n", len(results))
+	fmt.Fprintf(w, "all %d checks passed%s\n", run, skippedNote)
 	return nil
 }
 
@@ -219,6 +265,12 @@ func newVerifier(fs *flag.FlagSet, nc *nodeCacheFlags, vf *verifyFlags) (*verifi
 	if conf == "" {
 		conf = nc.corefile
 	}
+	v.confPath = conf
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "verify.readyport" {
+			v.readyPortSet = true
+		}
+	})
 	if metrics := cacheMetricsAddress(nc.prometheusListenAddress, conf, v.listen); metrics != "" {
 		v.metricsURL = "http://" + metrics + "/metrics"
 	}
@@ -306,7 +358,14 @@ func (v *verifier) checkRules(ctx context.Context) {
 // and each stub domain.
 func (v *verifier) checkAnswers(ctx context.Context) {
 	for _, ip := range v.listen {
-		server := netip.AddrPortFrom(ip, v.dnsPort)
+		server, ok := v.serverFor(ip, v.name)
+		if !ok {
+			v.skip("answer", fmt.Sprintf("%s %s", ip, v.name), "the Corefile (%s) has no server block that answers %s on %s", v.confPath, v.name, ip)
+			for _, name := range append([]string{v.external}, v.stubs...) {
+				v.answeredIfServed(ctx, ip, name)
+			}
+			continue
+		}
 		var reverse string
 		for _, network := range []string{"udp", "tcp"} {
 			r, err := v.lookup(ctx, network, server, v.name, dns.TypeA)
@@ -326,14 +385,29 @@ func (v *verifier) checkAnswers(ctx context.Context) {
 		}
 		if reverse == "" {
 			v.addViaUpstream(ip, ip.String()+" reverse", false, "not asked: no address of %s to look up in reverse", v.name)
+		} else if rs, ok := v.serverFor(ip, reverse); ok {
+			v.answered(ctx, rs, "reverse", reverse, dns.TypePTR, true)
 		} else {
-			v.answered(ctx, server, "reverse", reverse, dns.TypePTR, true)
+			v.skip("answer", fmt.Sprintf("%s %s PTR", ip, reverse), "the Corefile (%s) has no server block that answers %s on %s", v.confPath, reverse, ip)
 		}
-		v.answered(ctx, server, "external", v.external, dns.TypeA, false)
-		for _, stub := range v.stubs {
-			v.answered(ctx, server, "stub domain", stub, dns.TypeA, false)
+		for _, name := range append([]string{v.external}, v.stubs...) {
+			v.answeredIfServed(ctx, ip, name)
 		}
 	}
+}
+
+// answeredIfServed asks ip for name (the external name or a stub domain) where the Corefile serves it.
+func (v *verifier) answeredIfServed(ctx context.Context, ip netip.Addr, name string) {
+	what := "stub domain"
+	if name == v.external {
+		what = "external"
+	}
+	server, ok := v.serverFor(ip, name)
+	if !ok {
+		v.skip("answer", fmt.Sprintf("%s %s A", ip, dns.Fqdn(name)), "%s: the Corefile (%s) has no server block that answers it on %s", what, v.confPath, ip)
+		return
+	}
+	v.answered(ctx, server, what, name, dns.TypeA, false)
 }
 
 // addViaUpstream adds an answer row for a name the cache asked of server gets from the cluster DNS upstream.
@@ -388,7 +462,7 @@ func (v *verifier) lookup(ctx context.Context, network string, server netip.Addr
 	}
 	if local, ok := conn.LocalAddr().(*net.UDPAddr); ok && err == nil {
 		// An answered lookup went through the whole path, both ways: it is the one conntrack must not know.
-		v.lookups = append(v.lookups, netip.AddrPortFrom(server.Addr(), uint16(local.Port)))
+		v.lookups = append(v.lookups, udpLookup{server: server, srcPort: uint16(local.Port)})
 	}
 	return r, err
 }
@@ -419,7 +493,7 @@ func (v *verifier) checkConntrack() {
 	tracked := map[netip.Addr][]string{}
 	byAddr := map[netip.Addr]int{}
 	for _, l := range v.lookups {
-		byAddr[l.Addr()]++
+		byAddr[l.server.Addr()]++
 	}
 	listed := map[netlink.InetFamily][]*netlink.ConntrackFlow{}
 	for _, ip := range v.listen {
@@ -440,10 +514,10 @@ func (v *verifier) checkConntrack() {
 		}
 		for _, f := range flows {
 			dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
-			if f.Forward.Protocol != unix.IPPROTO_UDP || dst.Unmap() != ip || f.Forward.DstPort != v.dnsPort {
+			if f.Forward.Protocol != unix.IPPROTO_UDP || dst.Unmap() != ip {
 				continue
 			}
-			if slices.Contains(v.lookups, netip.AddrPortFrom(ip, f.Forward.SrcPort)) {
+			if slices.Contains(v.lookups, udpLookup{server: netip.AddrPortFrom(ip, f.Forward.DstPort), srcPort: f.Forward.SrcPort}) {
 				tracked[ip] = append(tracked[ip], strconv.Itoa(int(f.Forward.SrcPort)))
 			}
 		}
@@ -458,9 +532,23 @@ func (v *verifier) checkConntrack() {
 	}
 }
 
-// checkHTTP checks that the plugin on the first local address answers path with 200 OK.
-func (v *verifier) checkHTTP(ctx context.Context, what string, port uint16, path string) {
-	url := "http://" + netip.AddrPortFrom(v.listen[0], port).String() + path
+// checkHTTP checks that the plugin called what (health, ready) answers path with 200 OK where the Corefile
+// has it listen; skipped when the Corefile has no such plugin. flagPort on the first local address is used
+// when it is given explicitly (flagSet) or the Corefile could not be read.
+func (v *verifier) checkHTTP(ctx context.Context, what, path string, defaultPort, flagPort uint16, flagSet bool) {
+	var addr string
+	switch {
+	case flagSet || v.served == nil:
+		addr = netip.AddrPortFrom(v.listen[0], flagPort).String()
+	default:
+		a, ok := v.served.ListenAddress(what, ":"+strconv.Itoa(int(defaultPort)), v.listen[0])
+		if !ok {
+			v.skip(what, path, "the Corefile (%s) has no %s plugin, so nothing serves %s", v.confPath, what, path)
+			return
+		}
+		addr = a
+	}
+	url := "http://" + addr + path
 	ctx, cancel := context.WithTimeout(ctx, v.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

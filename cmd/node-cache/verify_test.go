@@ -55,6 +55,16 @@ type verifyNode struct {
 
 func startVerifyNode(t *testing.T, mode simnode.KubeProxyMode) *verifyNode {
 	t.Helper()
+	objs, err := kubernetes.Load("nodelocaldns-iptables.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startVerifyNodeWith(t, mode, []byte(objs.ConfigMap("node-local-dns").Data["Corefile"]))
+}
+
+// startVerifyNodeWith is startVerifyNode with base as the node-local-dns ConfigMap's Corefile.
+func startVerifyNodeWith(t *testing.T, mode simnode.KubeProxyMode, base []byte) *verifyNode {
+	t.Helper()
 	n := simnode.NewWithMode(t, mode)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	binary, err := simnode.BuildNodeCache(ctx, t.TempDir())
@@ -72,20 +82,16 @@ func startVerifyNode(t *testing.T, mode simnode.KubeProxyMode) *verifyNode {
 	t.Cleanup(func() { os.RemoveAll(netnsDir) })
 	writeFile(t, filepath.Join(netnsDir, "resolv.conf"), []byte("nameserver "+simnode.ExtResolverIP+"\n"))
 
-	objs, err := kubernetes.Load("nodelocaldns-iptables.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	base, conf, kubeDNS := filepath.Join(dir, "Corefile.base"), filepath.Join(dir, "Corefile"), filepath.Join(dir, "kube-dns")
-	writeFile(t, base, []byte(objs.ConfigMap("node-local-dns").Data["Corefile"]))
+	baseFile, conf, kubeDNS := filepath.Join(dir, "Corefile.base"), filepath.Join(dir, "Corefile"), filepath.Join(dir, "kube-dns")
+	writeFile(t, baseFile, base)
 	writeKubeDNSDir(t, kubeDNS, corefile.KubeDNS{StubDomains: map[string][]string{"corp.example": {simnode.ExtResolverIP}}})
 	env := append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+simnode.UpstreamClusterIP, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53",
 		"XTABLES_LOCKFILE="+filepath.Join(dir, "xtables.lock"))
 	localIP := simnode.LinkLocalIP + "," + simnode.KubeDNSClusterIP
 	// A sync interval of an hour keeps the cache's repair loop from undoing the breakage below.
 	cache := n.StartEnv(n.NodeNS, env, binary, "-localip", localIP, "-conf", conf, "-upstreamsvc", "kube-dns-upstream",
-		"-pidfile", filepath.Join(dir, "node-cache.pid"), "-basecorefile", base, "-kubednscm", kubeDNS,
+		"-pidfile", filepath.Join(dir, "node-cache.pid"), "-basecorefile", baseFile, "-kubednscm", kubeDNS,
 		"-lockfile", filepath.Join(dir, "nodelocaldns.lock"), "-syncinterval", "1h")
 	t.Cleanup(func() {
 		if !cache.Exited() {
@@ -198,6 +204,41 @@ func testVerify(t *testing.T, mode simnode.KubeProxyMode, rulesRows []string, br
 	expectRow(t, out, "address", simnode.LinkLocalIP, "ok")
 }
 
+// TestVerifyUpstreamCorefile runs the cache with upstream's own node-local-dns ConfigMap Corefile (the
+// drop-in promise), which has no ready plugin: -verify passes on the healthy node, with the ready row
+// skipped and saying why, and the health row asking where the Corefile's health listens.
+func TestVerifyUpstreamCorefile(t *testing.T) {
+	base, err := os.ReadFile(filepath.Join("..", "..", "corefile", "testdata", "upstream-template.Corefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Substituted as upstream's instructions have it done before the manifest is applied.
+	base = []byte(strings.NewReplacer(corefile.DNSDomainVar, simnode.ClusterDomain, corefile.LocalDNSVar, simnode.LinkLocalIP,
+		corefile.DNSServerVar, simnode.KubeDNSClusterIP).Replace(string(base)))
+	vn := startVerifyNodeWith(t, simnode.IPTablesMode, base)
+	out, code := vn.verify(t)
+	t.Logf("healthy node, upstream's Corefile:\n%s", out)
+	if code != 0 {
+		t.Errorf("-verify exited %d on a healthy node serving upstream's Corefile, want 0", code)
+	}
+	expectRow(t, out, "corefile", vn.conf, "ok")
+	expectRow(t, out, "ready", "/ready", "skipped")
+	if !strings.Contains(out, "has no ready plugin") {
+		t.Errorf("the ready row does not say why it is skipped")
+	}
+	expectRow(t, out, "health", simnode.LinkLocalIP+":8080/health", "ok")
+	for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
+		expectRow(t, out, "answer", ip+" kubernetes.default.svc.cluster.local A/udp", "ok")
+		expectRow(t, out, "answer", ip+" www.example.org. A", "ok")
+		expectRow(t, out, "conntrack", ip, "ok")
+	}
+	for _, r := range tableRows(out) {
+		if r.result == "FAIL" {
+			t.Errorf("row %s %s fails on a healthy node", r.check, r.target)
+		}
+	}
+}
+
 // TestVerifyClusterDNSOutage runs -verify on a healthy node cache while the cluster DNS behind
 // kube-dns-upstream is hung (SIGSTOP), then gone (SIGKILL). The upstream row fails and names
 // kube-dns-upstream and its address; the cache's own rows pass; answers for cluster names the cache does not
@@ -282,7 +323,7 @@ func TestVerifyClusterDNSOutage(t *testing.T) {
 // tableRow is one row of the -verify table.
 type tableRow struct{ check, target, result string }
 
-var tableRowRE = regexp.MustCompile(`(?m)^(\S+)\s+(\S.*?)\s+(ok|FAIL|UPSTREAM)\s`)
+var tableRowRE = regexp.MustCompile(`(?m)^(\S+)\s+(\S.*?)\s+(ok|FAIL|UPSTREAM|skipped)\s`)
 
 // tableRows parses the -verify table.
 func tableRows(table string) []tableRow {
@@ -297,7 +338,7 @@ func tableRows(table string) []tableRow {
 // target, with result.
 func expectRow(t *testing.T, table, check, target, result string) {
 	t.Helper()
-	row := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(check) + `\s+(\S.*?)\s+(ok|FAIL|UPSTREAM)\s`)
+	row := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(check) + `\s+(\S.*?)\s+(ok|FAIL|UPSTREAM|skipped)\s`)
 	var found []string
 	for _, m := range row.FindAllStringSubmatch(table, -1) {
 		if strings.Contains(m[1], target) {

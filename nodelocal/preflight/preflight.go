@@ -113,8 +113,8 @@ func (c Config) withDefaults() Config {
 
 // Run runs the rollout checklist against the node it runs on, read-only: kube-proxy's mode and what
 // it means for the addresses, the local addresses already in use, the iptables backend, a node cache
-// already present, a resolver loop, the capabilities and the xtables lock. Each check adds one or more
-// findings; none changes anything.
+// already present, rules of others ahead of the cache's jumps, a resolver loop, the capabilities and the
+// xtables lock. Each check adds one or more findings; none changes anything.
 func Run(ctx context.Context, cfg Config) []Finding {
 	cfg = cfg.withDefaults()
 	st := readNodeState(ctx, cfg)
@@ -123,6 +123,7 @@ func Run(ctx context.Context, cfg Config) []Finding {
 		checkAddressesInUse(cfg, st),
 		checkBackend(cfg, st),
 		checkForeignCache(cfg, st),
+		checkRulesAhead(cfg, st),
 		checkResolvConf(cfg),
 		checkCapabilities(cfg),
 		checkXtablesLock(cfg, st),
@@ -135,8 +136,10 @@ type nodeState struct {
 	linksErr  error
 	routes    []routeInfo
 	routesErr error
-	// saves holds each installed backend's iptables-save output (IPv4 and IPv6 together).
-	saves map[rules.Mode][]byte
+	// saves holds each installed backend's iptables-save output (IPv4 and IPv6 together), familySaves the
+	// same per family.
+	saves       map[rules.Mode][]byte
+	familySaves map[rules.Mode]map[rules.Family][]byte
 	// kubeProxyNFT lists kube-proxy's nftables-mode tables ("ip kube-proxy"), read over netlink so that
 	// a node image without the nft command sees them too; kubeProxyNFTErr says why they could not be read.
 	kubeProxyNFT    []string
@@ -154,7 +157,7 @@ type routeInfo struct {
 }
 
 func readNodeState(ctx context.Context, _ Config) nodeState {
-	st := nodeState{links: map[string]linkInfo{}, saves: map[rules.Mode][]byte{}}
+	st := nodeState{links: map[string]linkInfo{}, saves: map[rules.Mode][]byte{}, familySaves: map[rules.Mode]map[rules.Family][]byte{}}
 	names := map[int]string{}
 	links, err := netlink.LinkList()
 	if err != nil {
@@ -195,7 +198,7 @@ func readNodeState(ctx context.Context, _ Config) nodeState {
 	for _, mode := range []rules.Mode{rules.Legacy, rules.NFT} {
 		var all []byte
 		found := false
-		for _, prefix := range []string{"iptables", "ip6tables"} {
+		for i, prefix := range []string{"iptables", "ip6tables"} {
 			path, err := exec.LookPath(prefix + "-" + string(mode) + "-save")
 			if err != nil {
 				continue
@@ -204,6 +207,10 @@ func readNodeState(ctx context.Context, _ Config) nodeState {
 			// A family or table the kernel lacks simply has no rules to find.
 			out, _ := exec.CommandContext(ctx, path).Output()
 			all = append(all, out...)
+			if st.familySaves[mode] == nil {
+				st.familySaves[mode] = map[rules.Family][]byte{}
+			}
+			st.familySaves[mode][rules.Families[i]] = out
 		}
 		if found {
 			st.saves[mode] = all
@@ -392,6 +399,66 @@ func checkForeignCache(cfg Config, st nodeState) []Finding {
 	}
 	if len(fs) == 0 {
 		fs = append(fs, Finding{Check: check, Severity: SeverityOK, Message: "no upstream node-local-dns rules or link"})
+	}
+	return fs
+}
+
+// checkRulesAhead names the rules of others in the hook chains the cache's rules jump from that end the
+// table's walk (kubernetes-sigs/node-local-dns#13: a raw-table ACCEPT above the cache's NOTRACK makes TCP
+// lookups time out). Ahead of a jump of the cache's that is there already, each is an error: traffic to the
+// cache misses its rules now. With no jump yet, each is a warning: the cache inserts its jump at position 1,
+// above them, and puts it back there every sync, but something that re-inserts its rule at the top wins
+// between syncs.
+func checkRulesAhead(cfg Config, st nodeState) []Finding {
+	const check = "rules ahead"
+	var fs []Finding
+	for _, mode := range []rules.Mode{rules.Legacy, rules.NFT} {
+		for _, fam := range rules.Families {
+			var addrs []netip.Addr
+			for _, a := range cfg.Addresses {
+				if rules.FamilyOf(a) == fam {
+					addrs = append(addrs, a)
+				}
+			}
+			out := st.familySaves[mode][fam]
+			if len(addrs) == 0 || len(out) == 0 {
+				continue
+			}
+			rs := rules.NodeCache(fam, rules.NodeCacheSpec{Endpoints: rules.Endpoints(addrs, 53, nil)})
+			for _, c := range rs.Chains {
+				ts, err := rules.ParseTable(out, c.Table)
+				if err != nil {
+					fs = append(fs, Finding{check, SeverityWarning, fmt.Sprintf("reading iptables-%s %s %s: %v", mode, fam, c.Table, err), ""})
+					continue
+				}
+				for _, h := range c.Hooks {
+					hr := ts.Chains[h]
+					if ahead := rules.RulesAhead(fam, c.Table, h, hr, c.Name); len(ahead) > 0 {
+						for _, a := range ahead {
+							fs = append(fs, Finding{check, SeverityError,
+								fmt.Sprintf("iptables-%s %s is ahead of the cache's jump to %s: the traffic it matches misses the cache's rules", mode, a, c.Name),
+								"find the component that inserts it (its comment, its chain) and make it append instead; the cache moves its jump back to the top every sync period"})
+						}
+						continue
+					}
+					if slices.ContainsFunc(hr, func(r rules.Rule) bool { return r.Target() == c.Name }) {
+						continue // the jump is first
+					}
+					for i, r := range hr {
+						if !rules.EndsWalk(r) {
+							continue
+						}
+						a := rules.AheadRule{Family: fam, Table: c.Table, Chain: h, Position: i + 1, Rule: r}
+						fs = append(fs, Finding{check, SeverityWarning,
+							fmt.Sprintf("iptables-%s %s ends the table's walk: the cache will insert its jump above it, but if its owner re-inserts it at the top, the traffic it matches misses the cache's rules until the cache's next sync", mode, a),
+							"make sure the component that owns it appends its rules, or watch coredns_nodecache_rules_ahead_total once the cache runs"})
+					}
+				}
+			}
+		}
+	}
+	if len(fs) == 0 {
+		fs = append(fs, Finding{Check: check, Severity: SeverityOK, Message: "no rule of another's ahead of where the cache's jumps go"})
 	}
 	return fs
 }

@@ -235,3 +235,31 @@ func TestCapEff(t *testing.T) {
 		t.Error("no CapEff line passed")
 	}
 }
+
+// TestPreflightRulesAhead: another component's raw-table ACCEPT (kubernetes-sigs/node-local-dns#13) is a
+// warning, named by family, table, chain, position and text, while the cache's jump is not there yet, and an
+// error once it sits ahead of the cache's jump.
+func TestPreflightRulesAhead(t *testing.T) {
+	inNamespace(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		cfg := preflightFiles(t)
+		expectFinding(t, Run(ctx, cfg), "rules ahead", SeverityOK, "no rule of another's")
+
+		e.restore(rules.IPv4, "*raw\n-A PREROUTING -p tcp -m comment --comment \"other component\" -j ACCEPT\nCOMMIT\n")
+		expectFinding(t, Run(ctx, cfg), "rules ahead", SeverityWarning,
+			`iptables-`+string(e.mode)+` IPv4 raw/PREROUTING rule 1 (-A PREROUTING -p tcp -m comment --comment "other component" -j ACCEPT) ends the table's walk`)
+
+		b, err := rules.NewBackend(e.mode, "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := rules.NodeCache(rules.IPv4, rules.NodeCacheSpec{Endpoints: rules.Endpoints(cfg.Addresses, 53, nil)})
+		if _, err := rules.NewManager(b, rules.ManagerOptions{}).Sync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		expectFinding(t, Run(ctx, cfg), "rules ahead", SeverityOK, "no rule of another's")
+		e.restore(rules.IPv4, "*raw\n-I PREROUTING 1 -s 192.0.2.1/32 -j DROP\nCOMMIT\n")
+		expectFinding(t, Run(ctx, cfg), "rules ahead", SeverityError,
+			`iptables-`+string(e.mode)+` IPv4 raw/PREROUTING rule 1 (-A PREROUTING -s 192.0.2.1/32 -j DROP) is ahead of the cache's jump`)
+	})
+}

@@ -44,6 +44,12 @@ var (
 		Name:      "addresses_in_place",
 		Help:      "1 when the node-local link held every claimed address after the last sync, else 0.",
 	})
+	rulesAhead = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: subsystem,
+		Name:      "rules_ahead_total",
+		Help:      "Counter of other components' rules a rules sync found ahead of the cache's jumps (and put the jumps back in front of), by family, table and hook chain.",
+	}, []string{"family", "table", "chain"})
 	syncDuration = promauto.NewHistogram(prometheus.HistogramOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: subsystem,
@@ -77,6 +83,13 @@ func (n *node) updateGauges() {
 		return
 	}
 	st := n.rec.Status()
+	if st.RuleSyncs != n.aheadCounted {
+		// Each sync's finds counted once, whichever path synced.
+		n.aheadCounted = st.RuleSyncs
+		for _, a := range st.Ahead {
+			rulesAhead.WithLabelValues(a.Family, a.Table, a.Chain).Inc()
+		}
+	}
 	rulesInPlace.Set(boolValue(!n.settings.NoRules && st.RulesPresent && n.allRulesWanted()))
 	if n.settings.NoInterface {
 		return

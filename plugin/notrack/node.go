@@ -42,7 +42,9 @@ type node struct {
 	// stopRepair ends the repair loop, which runs every repairEvery.
 	stopRepair  context.CancelFunc
 	repairEvery time.Duration
-	rulesLogged bool
+	// aheadCounted is the Reconciler's RuleSyncs whose rules ahead rulesAhead counts already.
+	aheadCounted int
+	rulesLogged  bool
 
 	// life is the context of everything that works on the Reconciler in the background (probes, repairs).
 	// It has its own lock so that a final shutdown can end that work before it waits for mu.
@@ -119,7 +121,7 @@ func (n *node) start(in *instance) error {
 			countSetupError(err)
 			return fmt.Errorf("set up the node: %w", err)
 		}
-		n.rec = rec
+		n.rec, n.aheadCounted = rec, 0
 		n.leases = map[claimKey]*sharedLease{}
 	}
 

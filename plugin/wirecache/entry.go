@@ -462,3 +462,9 @@ func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool
 	}
 	return out, true
 }
+
+// positive reports whether e is a NOERROR answer with records in its answer section (ANCOUNT, bytes 6-7
+// of the header).
+func (e *entry) positive() bool {
+	return e.rcode == dns.RcodeSuccess && len(e.plain.wire) >= headerLen && binary.BigEndian.Uint16(e.plain.wire[6:8]) > 0
+}

@@ -199,6 +199,10 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 				}
 				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
 			case "serve_stale":
+				wc.PreferPositive = false
+				if n := len(args); n > 0 && args[n-1] == "prefer_positive" {
+					wc.PreferPositive, args = true, args[:n-1]
+				}
 				if len(args) > 3 {
 					return nil, c.ArgErr()
 				}

@@ -201,6 +201,7 @@ func TestSetupServeStale(t *testing.T) {
 		d       time.Duration
 		ttl     uint32
 		wait    time.Duration
+		prefer  bool
 	}{
 		{input: "wirecache"},
 		{input: "wirecache {\n serve_stale\n}", d: DefaultStaleFor, ttl: DefaultStaleTTL},
@@ -217,6 +218,12 @@ func TestSetupServeStale(t *testing.T) {
 		{input: "wirecache {\n serve_stale 1h 5s soon\n}", wantErr: "WAIT"},
 		{input: "wirecache {\n serve_stale 1h 5s 1s 1s\n}", wantErr: "Wrong argument count"},
 		{input: "wirecache {\n serve_stale\n serve_stale 1h\n}", wantErr: "given twice"},
+		{input: "wirecache {\n serve_stale prefer_positive\n}", d: DefaultStaleFor, ttl: DefaultStaleTTL, prefer: true},
+		{input: "wirecache {\n serve_stale 10m prefer_positive\n}", d: 10 * time.Minute, ttl: DefaultStaleTTL, prefer: true},
+		{input: "wirecache {\n serve_stale 1h 5s prefer_positive\n}", d: time.Hour, ttl: 5, prefer: true},
+		{input: "wirecache {\n serve_stale 1h 5s 5s prefer_positive\n}", d: time.Hour, ttl: 5, wait: 5 * time.Second, prefer: true},
+		{input: "wirecache {\n serve_stale 1h 5s 1s 1s prefer_positive\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n serve_stale prefer_positive 1h\n}", wantErr: "not a positive duration"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.input, func(t *testing.T) {
@@ -230,8 +237,8 @@ func TestSetupServeStale(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if wc.StaleFor != tc.d || wc.StaleTTL != tc.ttl || wc.StaleWait != tc.wait {
-				t.Errorf("serve_stale %v TTL %d WAIT %v, want %v, %d and %v", wc.StaleFor, wc.StaleTTL, wc.StaleWait, tc.d, tc.ttl, tc.wait)
+			if wc.StaleFor != tc.d || wc.StaleTTL != tc.ttl || wc.StaleWait != tc.wait || wc.PreferPositive != tc.prefer {
+				t.Errorf("serve_stale %v TTL %d WAIT %v prefer_positive %v, want %v, %d, %v and %v", wc.StaleFor, wc.StaleTTL, wc.StaleWait, wc.PreferPositive, tc.d, tc.ttl, tc.wait, tc.prefer)
 			}
 		})
 	}
@@ -354,5 +361,59 @@ func TestServeStaleWaitFollowsTheRefresh(t *testing.T) {
 	}
 	if n := h.calls.Load(); n != 1 {
 		t.Errorf("the chain was asked %d times, want once", n)
+	}
+}
+
+// TestServeStalePreferPositive: with prefer_positive, an expired entry with records answers (stale TTL,
+// counted) when the chain's answer turns NXDOMAIN or empty, and is not replaced by it; a positive answer
+// replaces it; an expired NXDOMAIN entry is replaced by whatever the chain answers. Without the option the
+// NXDOMAIN reaches the client (TestServeStaleBounds).
+func TestServeStalePreferPositive(t *testing.T) {
+	q := func() *dns.Msg { return newQuery("www.example.org.", dns.TypeA, 1232, false) }
+	f, _ := staleFixture(t)
+	f.wc.PreferPositive = true
+	fresh, _, _ := f.serve(q(), udp4Client)
+	if len(fresh.Answer) == 0 {
+		t.Fatalf("the chain's first answer has no records: %v", fresh)
+	}
+	for _, turn := range []struct {
+		name   string
+		modify func(m *dns.Msg)
+	}{
+		{"NXDOMAIN", func(m *dns.Msg) {
+			m.Rcode, m.Answer, m.Ns = dns.RcodeNameError, nil, []dns.RR{dns.Copy(f.chain.zone.soa)}
+		}},
+		{"NODATA", func(m *dns.Msg) { m.Answer, m.Ns = nil, []dns.RR{dns.Copy(f.chain.zone.soa)} }},
+		{"empty without SOA", func(m *dns.Msg) { m.Answer, m.Ns = nil, nil }},
+	} {
+		f.chain.modify = turn.modify
+		f.now = f.now.Add(101 * time.Second)
+		before := staleCount()
+		m, _, _ := f.serve(q(), udp4Client)
+		if m == nil || m.Rcode != dns.RcodeSuccess || len(m.Answer) != len(fresh.Answer) || !allEqual(ttls(m), 7) {
+			t.Errorf("%s: %v, want the last positive answer with every TTL 7", turn.name, m)
+		}
+		if staleCount()-before != 1 {
+			t.Errorf("%s: served_stale_total grew by %v, want 1", turn.name, staleCount()-before)
+		}
+	}
+
+	// A positive answer replaces the entry.
+	f.chain.modify = nil
+	if m, _, _ := f.serve(q(), udp4Client); m == nil || !slices.Equal(ttls(m), ttls(fresh)) {
+		t.Errorf("positive refresh: %v, want the chain's fresh answer", m)
+	}
+	if _, called := f.ask(q(), udp4Client); called {
+		t.Error("the positive refresh was not stored")
+	}
+
+	// A negative entry has no positive answer to keep.
+	nx := func() *dns.Msg { return newQuery("nowhere.example.org.", dns.TypeA, 1232, false) }
+	if m, _, _ := f.serve(nx(), udp4Client); m == nil || m.Rcode != dns.RcodeNameError {
+		t.Fatalf("nowhere.example.org: %v, want NXDOMAIN", m)
+	}
+	f.now = f.now.Add(time.Hour - time.Second)
+	if m, _, _ := f.serve(nx(), udp4Client); m == nil || m.Rcode != dns.RcodeNameError {
+		t.Errorf("expired NXDOMAIN refreshed: %v, want the chain's NXDOMAIN", m)
 	}
 }

@@ -56,6 +56,10 @@ type WireCache struct {
 	StaleFor  time.Duration
 	StaleTTL  uint32
 	StaleWait time.Duration
+	// PreferPositive keeps an expired entry that has answer records over a chain's answer that turns
+	// NXDOMAIN or has none (serve_stale ... prefer_positive, as the cache plugin's serve_stale_policy
+	// prefer_positive): the entry answers instead, for up to StaleFor past its expiry.
+	PreferPositive bool
 
 	// RepeatsOnly stores an answer only when its question was asked before (see doorkeeper), so that names
 	// asked once are not held by both wirecache and the cache plugin.
@@ -212,7 +216,7 @@ func (wc *WireCache) refreshStale(ctx context.Context, w dns.ResponseWriter, r *
 	done := wc.askDetached(ctx, w, r, h, key, q, now, m, stale)
 	select {
 	case res := <-done:
-		if (res.msg != nil && refreshed(res.msg)) || res.raw != nil {
+		if (res.msg != nil && wc.refreshes(stale, res.msg)) || res.raw != nil {
 			return wc.replay(w, res)
 		}
 		if served, err := wc.serveStale(w, stale, q, m); served {
@@ -241,7 +245,10 @@ type chainResult struct {
 // result arrives on the channel; refreshing, when not nil, is the entry whose refresh this is, released then.
 func (wc *WireCache) askDetached(ctx context.Context, w dns.ResponseWriter, r *dns.Msg, h uint64, key string, q *query, now time.Time, m *serverMetrics, refreshing *entry) <-chan chainResult {
 	dw := &detachedWriter{local: w.LocalAddr(), remote: w.RemoteAddr()}
-	rec := &recorder{ResponseWriter: dw, wc: wc, metrics: m, hash: h, query: *q, key: key, now: now, keep: true}
+	// A refresh's recorder knows the expired entry, so that an answer that does not refresh it (a failure;
+	// under prefer_positive, a denial of a name that had records) is neither stored nor given to the
+	// client: the detached writer gets the stale answer instead.
+	rec := &recorder{ResponseWriter: dw, wc: wc, metrics: m, hash: h, query: *q, key: key, now: now, keep: true, stale: refreshing}
 	req := r.Copy() // the server may reuse r once the client is answered
 	done := make(chan chainResult, 1)
 	go func() {
@@ -310,6 +317,16 @@ func (d *detachedWriter) Write(b []byte) (int, error) {
 // entry answers instead (RFC 8767 section 4, as the cache plugin's serve_stale decides).
 func refreshed(res *dns.Msg) bool {
 	return res.Rcode == dns.RcodeSuccess || res.Rcode == dns.RcodeNameError
+}
+
+// refreshes reports whether res replaces the expired entry e for the client: it is refreshed, and under
+// PreferPositive, when e has answer records, res has some too (a NXDOMAIN or an empty answer does not
+// replace the last positive one).
+func (wc *WireCache) refreshes(e *entry, res *dns.Msg) bool {
+	if !refreshed(res) {
+		return false
+	}
+	return !wc.PreferPositive || !e.positive() || (res.Rcode == dns.RcodeSuccess && len(res.Answer) > 0)
 }
 
 // serveStale writes the reply the expired entry e gives q, with the stale TTL, and counts it; it reports
@@ -408,7 +425,7 @@ type recorder struct {
 // WriteMsg implements the dns.ResponseWriter interface.
 func (r *recorder) WriteMsg(m *dns.Msg) error {
 	r.writes++
-	if r.stale != nil && r.writes == 1 && m != nil && !refreshed(m) {
+	if r.stale != nil && r.writes == 1 && m != nil && !r.wc.refreshes(r.stale, m) {
 		if served, err := r.wc.serveStale(r.ResponseWriter, r.stale, &r.query, r.metrics); served {
 			return err
 		}

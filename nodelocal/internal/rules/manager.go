@@ -51,6 +51,9 @@ type SyncResult struct {
 	RewrittenChains []string
 	// RepairedJumps are the hooks whose first rule Sync made a jump to our chain, as "table/hook".
 	RepairedJumps []string
+	// Ahead are the rules of others that sat ahead of our jumps in the hooks Sync repaired: traffic met them
+	// before our chains until Sync put the jumps back in front of them.
+	Ahead []AheadRule
 	// Rules is the number of rules the ruleset installs, jumps included.
 	Rules int
 }
@@ -59,7 +62,8 @@ type SyncResult struct {
 // its hooks. It reads only our chains and the first rule of each hook (a hook's other rules only when its
 // first is not our jump), and writes nothing when all is in place. Otherwise one iptables-restore run
 // rewrites the chains that differ, removes misplaced or duplicate jumps and inserts the jump at position 1;
-// each table commits on its own, so a failure in a later table leaves the earlier ones written. Iptables-nft reads only the chains a command names, so the cost of a Sync does not grow
+// the rules of others it found ahead of a jump it moved back to the top are in SyncResult.Ahead. Each table
+// commits on its own, so a failure in a later table leaves the earlier ones written. Iptables-nft reads only the chains a command names, so the cost of a Sync does not grow
 // with the rules of others; iptables-legacy always copies whole tables, so with it Sync reads each table
 // once by iptables-save.
 func (m *Manager) Sync(ctx context.Context, rs Ruleset) (SyncResult, error) {
@@ -103,6 +107,7 @@ func (m *Manager) Sync(ctx context.Context, rs Ruleset) (SyncResult, error) {
 					p.rule(c.Table, append([]string{"-D", h}, r...)...)
 				}
 			}
+			res.Ahead = append(res.Ahead, RulesAhead(rs.Family, c.Table, h, all, c.Name)...)
 			p.rule(c.Table, append([]string{"-I", h, "1"}, c.Jump()...)...)
 			res.RepairedJumps = append(res.RepairedJumps, string(c.Table)+"/"+h)
 		}

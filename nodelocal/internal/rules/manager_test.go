@@ -440,3 +440,37 @@ func TestToolsForBothFamilies(t *testing.T) {
 		t.Error("NewBackend(Auto) is not an error")
 	}
 }
+
+// TestSyncReportsRulesAhead inserts another component's ACCEPT above our jump in raw PREROUTING, as
+// kubernetes-sigs/node-local-dns#13 describes: the next Sync reports it (family, table, chain, position, text)
+// and puts our jump back above it; the Sync after that finds nothing ahead.
+func TestSyncReportsRulesAhead(t *testing.T) {
+	rs := testRuleset(IPv4)
+	inNamespace(t, func(t *testing.T, m *Manager) {
+		ctx := context.Background()
+		if _, err := m.Sync(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		ipt(t, m, IPv4, "-t", "raw", "-I", "PREROUTING", "1", "-p", "tcp", "-m", "comment", "--comment", "other component", "-j", "ACCEPT")
+		ipt(t, m, IPv4, "-t", "raw", "-I", "PREROUTING", "1", "-s", "192.0.2.1/32", "-j", "DROP")
+		res, err := m.Sync(ctx, rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{
+			`IPv4 raw/PREROUTING rule 1 (-A PREROUTING -s 192.0.2.1/32 -j DROP)`,
+			`IPv4 raw/PREROUTING rule 2 (-A PREROUTING -p tcp -m comment --comment "other component" -j ACCEPT)`,
+		}
+		var got []string
+		for _, a := range res.Ahead {
+			got = append(got, a.String())
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("rules ahead: %q, want %q", got, want)
+		}
+		checkInPlace(t, m, rs)
+		if res, err := m.Sync(ctx, rs); err != nil || len(res.Ahead) != 0 || res.Changed {
+			t.Errorf("second sync: %+v, %v; want nothing ahead and nothing changed", res, err)
+		}
+	})
+}
