@@ -138,7 +138,9 @@ func (a *applier) createAll(t *testing.T, stream []byte, unserved []schema.Group
 	var created []string
 	t.Cleanup(func() {
 		for _, c := range slices.Backward(created) {
-			if err := a.do(http.MethodDelete, c, "", nil); err != nil {
+			// Background: the test API server runs no garbage collector, which a Job's default (orphan)
+			// propagation waits for, so the next values file could not create it again.
+			if err := a.do(http.MethodDelete, c, backgroundDeletion, nil); err != nil {
 				t.Errorf("deleting %s: %v", c, err)
 			}
 		}
@@ -186,6 +188,7 @@ func (a *applier) createAll(t *testing.T, stream []byte, unserved []schema.Group
 				t.Errorf("%s has no namespace; it would land in the namespace of whoever applies it", what)
 				head.Metadata.Namespace = "default"
 			}
+			a.ensureNamespace(t, head.Metadata.Namespace)
 			collection += "/namespaces/" + head.Metadata.Namespace
 		}
 		collection += "/" + mapping.Resource.Resource
@@ -210,6 +213,24 @@ func (a *applier) createAll(t *testing.T, stream []byte, unserved []schema.Group
 		}
 	}
 	return skipped
+}
+
+// backgroundDeletion is the body of a DELETE that deletes the object at once, leaving its dependents to the
+// garbage collector.
+const backgroundDeletion = `{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Background"}`
+
+// ensureNamespace creates namespace unless it exists (the chart puts its ServiceMonitor and dashboard where
+// the values say, e.g. monitoring). It stays: the test API server runs no namespace controller to finish
+// deleting one.
+func (a *applier) ensureNamespace(t *testing.T, namespace string) {
+	t.Helper()
+	if a.do(http.MethodGet, "/api/v1/namespaces/"+namespace, "", nil) == nil {
+		return
+	}
+	body := fmt.Sprintf(`{"apiVersion":"v1","kind":"Namespace","metadata":{"name":%q}}`, namespace)
+	if err := a.do(http.MethodPost, "/api/v1/namespaces", body, nil); err != nil {
+		t.Fatalf("creating namespace %s: %v", namespace, err)
+	}
 }
 
 // do sends one request; a YAML body goes as application/yaml, as written. It returns the API's Status

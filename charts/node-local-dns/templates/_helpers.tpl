@@ -3,15 +3,36 @@ Names and labels. The chart's objects carry the release's name; the Pods also ke
 k8s-app label, which dashboards and kubectl recipes written for upstream's manifest select by.
 */}}
 {{- define "node-local-dns.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "node-local-dns.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := .Values.nameOverride | default .Chart.Name -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount of the Pods: the chart's own, or one that exists (serviceAccount.create=false). */}}
+{{- define "node-local-dns.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "node-local-dns.fullname" .) -}}
+{{- else if .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name -}}
+{{- else -}}
+{{- fail "serviceAccount.name: name the ServiceAccount to reuse when serviceAccount.create is false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The uninstall hook's objects' name. */}}
+{{- define "node-local-dns.uninstallHookName" -}}
+{{- printf "%s-uninstall" (include "node-local-dns.fullname" . | trunc 53 | trimSuffix "-") -}}
 {{- end -}}
 
 {{/*
@@ -26,6 +47,14 @@ k8s-app: {{ include "node-local-dns.fullname" . }}
 {{ include "node-local-dns.selectorLabels" . }}
 app.kubernetes.io/name: {{ include "node-local-dns.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* podLabels of the values, checked: they go beside the selector's, never over it. */}}
+{{- define "node-local-dns.extraPodLabels" -}}
+{{- with .Values.podLabels -}}
+{{- if hasKey . "k8s-app" -}}{{- fail "podLabels: k8s-app is the DaemonSet's selector; set it with fullnameOverride" -}}{{- end -}}
+{{- toYaml . -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "node-local-dns.labels" -}}
@@ -117,37 +146,125 @@ true
 {{- end -}}
 
 {{/*
-The Corefile template of the node-local-dns ConfigMap: corefile.Template of the configuration the values
-describe (examples/kubernetes's tests check it). node-cache fills in the __PILLAR__ and __PROMETHEUS__
-variables from its flags, adds notrack after every bind and turns `forward . __PILLAR__CLUSTER__DNS__`
-into upstreamsvc.
+Options of a forward directive from a map (forward.options, zones[].options), sorted by name, one line each:
+true writes the option alone, false or null leaves it out, a list gives its items as arguments.
+*/}}
+{{- define "node-local-dns.forwardOptions" -}}
+{{- range $k, $v := . }}
+{{- if kindIs "bool" $v }}
+{{- if $v }}
+{{ $k }}
+{{- end }}
+{{- else if kindIs "slice" $v }}
+{{ $k }} {{ join " " $v }}
+{{- else if not (kindIs "invalid" $v) }}
+{{ $k }} {{ $v }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A forward directive: (list TO OPTIONS-LINES), with a block when there are options. */}}
+{{- define "node-local-dns.forward" -}}
+{{- $lines := index . 1 | trim -}}
+forward . {{ index . 0 }}
+{{- if $lines }} {
+{{ $lines | indent 4 }}
+}
+{{- end }}
+{{- end -}}
+
+{{/* serve_stale of cache and wirecache, and prefetch, as the values set them. */}}
+{{- define "node-local-dns.cacheServeStale" -}}
+{{- with .Values.serveStale }}{{ if .enabled }}serve_stale {{ .for }} verify {{ .verify }} {{ .ttl }}{{ end }}{{ end -}}
+{{- end -}}
+{{- define "node-local-dns.prefetch" -}}
+{{- with .Values.cache.prefetch }}{{ if .enabled }}prefetch {{ .amount }} {{ .duration }} {{ .percentage }}%{{ end }}{{ end -}}
+{{- end -}}
+
+{{/* The cache directive of a block other than the cluster domain's: (list ROOT TTL). */}}
+{{- define "node-local-dns.otherCache" -}}
+{{- $ctx := index . 0 -}}
+{{- $lines := list (include "node-local-dns.prefetch" $ctx) (include "node-local-dns.cacheServeStale" $ctx) | compact -}}
+cache {{ index . 1 }}
+{{- if $lines }} {
+{{- range $lines }}
+    {{ . }}
+{{- end }}
+}
+{{- end }}
+{{- end -}}
+
+{{/*
+The directives every block starts with: errors, then log or wirecache. (list ROOT LOG [CACHED]): a block
+without a cache (CACHED false) has no wirecache either.
+*/}}
+{{- define "node-local-dns.head" -}}
+{{- $ctx := index . 0 -}}
+errors
+{{- if index . 1 }}
+log
+{{- else if or (lt (len .) 3) (index . 2) }}
+wirecache {
+    {{- if $ctx.Values.serveStale.enabled }}
+    serve_stale {{ $ctx.Values.serveStale.for }} {{ $ctx.Values.serveStale.ttl }}
+    {{- end }}
+    repeats_only
+}
+{{- end }}
+{{- end -}}
+
+{{/* The directives after the cache in every block: hosts, reload, loop and bind. */}}
+{{- define "node-local-dns.tail" -}}
+{{- if .Values.hosts -}}
+hosts /etc/coredns/hosts {
+    fallthrough
+}
+{{ end -}}
+reload
+loop
+bind __PILLAR__LOCAL__DNS__{{ if include "node-local-dns.takesClusterIP" . }} __PILLAR__DNS__SERVER__{{ end }}
+{{- end -}}
+
+{{/* The hosts file of the ConfigMap, from hosts. */}}
+{{- define "node-local-dns.hostsFile" -}}
+{{- range .Values.hosts }}
+{{ .ip }} {{ join " " .names }}
+{{- end }}
+{{- end -}}
+
+{{/* Names of a zones entry: a list or a string of names separated by spaces. */}}
+{{- define "node-local-dns.zoneNames" -}}
+{{- if kindIs "string" . -}}{{- join " " (splitList " " . | compact) -}}{{- else -}}{{- join " " . -}}{{- end -}}
+{{- end -}}
+
+{{/*
+The Corefile template of the node-local-dns ConfigMap. With the cache, serveStale and queryLog values alone
+set it is corefile.Template of the configuration they describe (examples/kubernetes's tests check it); hosts,
+prefetch, forward, zones and extraServerBlocks add to it what that package does not write. node-cache fills
+in the __PILLAR__ and __PROMETHEUS__ variables from its flags, adds notrack after every bind and turns
+`forward . __PILLAR__CLUSTER__DNS__` into upstreamsvc.
 */}}
 {{- define "node-local-dns.corefile" -}}
-{{- $bind := "bind __PILLAR__LOCAL__DNS__" -}}
-{{- if include "node-local-dns.takesClusterIP" . -}}
-{{- $bind = "bind __PILLAR__LOCAL__DNS__ __PILLAR__DNS__SERVER__" -}}
-{{- end -}}
+{{- $clusterForward := include "node-local-dns.forward" (list "__PILLAR__CLUSTER__DNS__" "force_tcp") -}}
+{{- $c := .Values.cache -}}
 {{ .Values.domain }}:53 {
-    errors
-    wirecache {
-        serve_stale 1h 5s
-        repeats_only
-    }
+    {{- include "node-local-dns.head" (list . .Values.queryLog) | nindent 4 }}
     clamp {
-        success 5 30
-        denial 5 5
+        success 5 {{ $c.success.ttl }}
+        denial 5 {{ $c.denial.ttl }}
     }
     cache {
-        success 9984 30
-        denial 9984 5
-        serve_stale 1h verify 1s 5s
+        success {{ $c.success.capacity }} {{ $c.success.ttl }}
+        denial {{ $c.denial.capacity }} {{ $c.denial.ttl }}
+        {{- with include "node-local-dns.prefetch" . }}
+        {{ . }}
+        {{- end }}
+        {{- with include "node-local-dns.cacheServeStale" . }}
+        {{ . }}
+        {{- end }}
     }
-    reload
-    loop
-    {{ $bind }}
-    forward . __PILLAR__CLUSTER__DNS__ {
-        force_tcp
-    }
+    {{- include "node-local-dns.tail" . | nindent 4 }}
+    {{- $clusterForward | nindent 4 }}
     prometheus __PROMETHEUS__ENDPOINT__
     health __PILLAR__LOCAL__DNS__:{{ .Values.ports.health }}
     ready __PILLAR__LOCAL__DNS__:{{ .Values.ports.ready }}
@@ -155,37 +272,40 @@ into upstreamsvc.
 {{- range list "in-addr.arpa" "ip6.arpa" }}
 
 {{ . }}:53 {
-    errors
-    wirecache {
-        serve_stale 1h 5s
-        repeats_only
-    }
-    cache 30 {
-        serve_stale 1h verify 1s 5s
-    }
-    reload
-    loop
-    {{ $bind }}
-    forward . __PILLAR__CLUSTER__DNS__ {
-        force_tcp
-    }
+    {{- include "node-local-dns.head" (list $ false) | nindent 4 }}
+    {{- include "node-local-dns.otherCache" (list $ $c.otherTTL) | nindent 4 }}
+    {{- include "node-local-dns.tail" $ | nindent 4 }}
+    {{- $clusterForward | nindent 4 }}
     prometheus __PROMETHEUS__ENDPOINT__
 }
 {{- end }}
 
 .:53 {
-    errors
-    wirecache {
-        serve_stale 1h 5s
-        repeats_only
-    }
-    cache 30 {
-        serve_stale 1h verify 1s 5s
-    }
-    reload
-    loop
-    {{ $bind }}
-    forward . __PILLAR__UPSTREAM__SERVERS__
+    {{- include "node-local-dns.head" (list . false) | nindent 4 }}
+    {{- include "node-local-dns.otherCache" (list . $c.otherTTL) | nindent 4 }}
+    {{- include "node-local-dns.tail" . | nindent 4 }}
+    {{- $upstreams := .Values.forward.upstreams | default (list "__PILLAR__UPSTREAM__SERVERS__") }}
+    {{- include "node-local-dns.forward" (list (join " " $upstreams) (include "node-local-dns.forwardOptions" .Values.forward.options)) | nindent 4 }}
     prometheus __PROMETHEUS__ENDPOINT__
 }
+{{- range .Values.zones }}
+{{- $names := include "node-local-dns.zoneNames" .zones }}
+{{- if not $names }}{{ fail "zones: an entry without zones" }}{{ end }}
+{{- if not .servers }}{{ fail (printf "zones: %s has no servers" $names) }}{{ end }}
+
+{{ range $i, $z := splitList " " $names }}{{ if $i }} {{ end }}{{ $z }}:53{{ end }} {
+    {{- $ttl := ternary .cacheTTL $c.otherTTL (hasKey . "cacheTTL") }}
+    {{- include "node-local-dns.head" (list $ false (ne (int $ttl) 0)) | nindent 4 }}
+    {{- if $ttl }}
+    {{- include "node-local-dns.otherCache" (list $ $ttl) | nindent 4 }}
+    {{- end }}
+    {{- include "node-local-dns.tail" $ | nindent 4 }}
+    {{- include "node-local-dns.forward" (list (join " " .servers) (include "node-local-dns.forwardOptions" (.options | default dict))) | nindent 4 }}
+    prometheus __PROMETHEUS__ENDPOINT__
+}
+{{- end }}
+{{- with .Values.extraServerBlocks }}
+
+{{ . | trim }}
+{{- end }}
 {{ end -}}
