@@ -1,8 +1,10 @@
 package kubernetes
 
 import (
+	"encoding/json"
 	"maps"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,6 +26,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/ready"
 	_ "github.com/coredns/coredns/plugin/reload"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nodelocaldns/nodelocaldns"
 	"github.com/nodelocaldns/nodelocaldns/corefile"
@@ -130,7 +133,9 @@ func TestChartKnobs(t *testing.T) {
 			continue // cacheTTL 0
 		}
 		c := directive(b, "cache")
-		if c == nil || !slices.ContainsFunc(c.Block, func(d *corefile.Directive) bool { return d.Name == "prefetch" && slices.Equal(d.Args, []string{"5", "2m", "20%"}) }) ||
+		if c == nil || !slices.ContainsFunc(c.Block, func(d *corefile.Directive) bool {
+			return d.Name == "prefetch" && slices.Equal(d.Args, []string{"5", "2m", "20%"})
+		}) ||
 			!slices.ContainsFunc(c.Block, func(d *corefile.Directive) bool {
 				return d.Name == "serve_stale" && slices.Equal(d.Args, []string{"30m", "verify", "2s", "10s"})
 			}) {
@@ -326,4 +331,47 @@ func TestChartKnobsRefused(t *testing.T) {
 		objs.DaemonSets[0].Spec.Template.Spec.ServiceAccountName != "dns" {
 		t.Errorf("ServiceAccounts %d (want the hook's only), the Pods' %q", len(objs.ServiceAccounts), objs.DaemonSets[0].Spec.Template.Spec.ServiceAccountName)
 	}
+}
+
+// TestChartREADMEListsEveryValue: the chart's README has a row for every key of values.yaml, down into every
+// value whose keys the schema closes (cache.prefetch.amount, not resources.requests).
+func TestChartREADMEListsEveryValue(t *testing.T) {
+	read := func(name string, into any) []byte {
+		data, err := os.ReadFile(filepath.Join(chartDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if into != nil {
+			if err := yaml.Unmarshal(data, into); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		return data
+	}
+	var values map[string]any
+	var schema schemaNode
+	read("values.yaml", &values)
+	read("values.schema.json", &schema)
+	readme := string(read("README.md", nil))
+	var walk func(prefix string, v map[string]any, s schemaNode)
+	walk = func(prefix string, v map[string]any, s schemaNode) {
+		for k, sub := range v {
+			path := prefix + k
+			if m, ok := sub.(map[string]any); ok && string(s.Properties[k].AdditionalProperties) == "false" {
+				walk(path+".", m, s.Properties[k]) // rows for its keys, not for it
+				continue
+			}
+			// A row names the key in full, or after the key before it in the same cell (`, .duration`).
+			if !strings.Contains(readme, "`"+path+"`") && !strings.Contains(readme, "`"+path+",") && !strings.Contains(readme, "`."+k+"`") {
+				t.Errorf("README.md has no row for %s", path)
+			}
+		}
+	}
+	walk("", values, schema)
+}
+
+// schemaNode is the part of a JSON schema TestChartREADMEListsEveryValue reads.
+type schemaNode struct {
+	Properties           map[string]schemaNode `json:"properties"`
+	AdditionalProperties json.RawMessage       `json:"additionalProperties"`
 }
