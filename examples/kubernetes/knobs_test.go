@@ -188,7 +188,6 @@ func TestChartCorefileIsTemplate(t *testing.T) {
 				c.ServeStale = corefile.ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 2 * time.Second}
 			},
 		},
-		"no serve stale": {args: []string{"--set", "serveStale.enabled=false"}, edit: func(c *corefile.Config) { c.ServeStale.Disabled = true }},
 		"query log":      {args: []string{"--set", "queryLog=true"}, edit: func(c *corefile.Config) { c.Log = true }},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -225,8 +224,9 @@ func TestChartCorefilesValid(t *testing.T) {
 			for s := range strings.SplitSeq(argValue(ds.Spec.Template.Spec.Containers[0].Args, "-localip"), ",") {
 				listen = append(listen, netip.MustParseAddr(s))
 			}
+			// As cmd/node-cache's flags, but for upstreamsvc and notrack, which need a cluster and a node.
 			e := corefile.Expansion{LocalIPs: listen, DNSDomain: corefile.DefaultClusterDomain, ClusterDNS: []string{"10.96.0.11"},
-				PrometheusEndpoint: "10.0.0.7:9253", Port: corefile.DefaultPort}
+				PrometheusEndpoint: "10.0.0.7:9253", Port: corefile.DefaultPort, ServeStale: &corefile.ServeStale{}}
 			out, err := corefile.Expand([]byte(cm.Data["Corefile"]), e, corefile.KubeDNS{})
 			if err != nil {
 				t.Fatal(err)

@@ -175,7 +175,7 @@ forward . {{ index . 0 }}
 
 {{/* serve_stale of cache and wirecache, and prefetch, as the values set them. */}}
 {{- define "node-local-dns.cacheServeStale" -}}
-{{- with .Values.serveStale }}{{ if .enabled }}serve_stale {{ .for }} verify {{ .verify }} {{ .ttl }}{{ end }}{{ end -}}
+{{- with .Values.serveStale }}serve_stale {{ .for }} verify {{ .verify }} {{ .ttl }}{{ end -}}
 {{- end -}}
 {{- define "node-local-dns.prefetch" -}}
 {{- with .Values.cache.prefetch }}{{ if .enabled }}prefetch {{ .amount }} {{ .duration }} {{ .percentage }}%{{ end }}{{ end -}}
@@ -205,9 +205,7 @@ errors
 log
 {{- else if or (lt (len .) 3) (index . 2) }}
 wirecache {
-    {{- if $ctx.Values.serveStale.enabled }}
     serve_stale {{ $ctx.Values.serveStale.for }} {{ $ctx.Values.serveStale.ttl }}
-    {{- end }}
     repeats_only
 }
 {{- end }}
