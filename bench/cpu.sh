@@ -83,46 +83,9 @@ in_ns "$ns_dns" iptables -A INPUT -p tcp --dport 53 --syn
 
 simnode_node_cache
 
-# The cluster DNS: svcN.* names exist, xN.* names and other types are NXDOMAIN, with the SOA a negative
-# answer needs to be cached.
-cat >"$work/Corefile.clusterdns" <<EOF
-cluster.local:53 {
-    bind $DNS_POD_IP
-    template IN A cluster.local {
-        match "^svc[0-9]+[.]"
-        answer "{{ .Name }} 30 IN A 10.97.0.1"
-        fallthrough
-    }
-    template ANY ANY cluster.local {
-        rcode NXDOMAIN
-        authority "cluster.local. 30 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30"
-    }
-}
-in-addr.arpa:53 ip6.arpa:53 {
-    bind $DNS_POD_IP
-    template ANY ANY {
-        rcode NXDOMAIN
-    }
-}
-EOF
-cat >"$work/Corefile.ext" <<EOF
-.:53 {
-    bind $EXT_IP
-    template IN A {
-        answer "{{ .Name }} 60 IN A 192.0.2.80"
-    }
-}
-EOF
 # The cluster DNS runs at a higher priority than dnsperf on their shared CPU, so that a miss waits on the
 # cache rather than on a starved upstream.
-nice -n $((NICE - 5 < -20 ? -20 : NICE - 5)) ip netns exec "$ns_dns" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
-pids+=($!)
-# ip netns exec, not in_ns: a function in the background would leave $! the PID of a subshell.
-ip netns exec "$ns_ext" taskset -c "$CLIENT_CPU" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
-pids+=($!)
-
-wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
-wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+simnode_cluster_dns "$((NICE - 5 < -20 ? -20 : NICE - 5))" taskset -c "$CLIENT_CPU"
 
 simnode_corefiles
 simnode_unbound_conf

@@ -13,10 +13,14 @@
 #              per second of idle
 #   wakes/s    the context switches of all its threads (voluntary and not, /proc/PID/task/*/status), per
 #              second: how often it wakes
-# Variants: shipped, upstream and unbound as in bench/cpu.sh; guard is the guard alone, started as the
-# manifests start it (-guard -localip ... -guard.serviceips ... -upstreamsvc), beside the shipped cache,
-# whose figures are the shipped row's; -daemonset is left out on both, there being no API server.
+# Variants: shipped, upstream and unbound as in bench/cpu.sh, each alone; guarded is the shipped cache with
+# its guard beside it, started as the manifests start it (-guard -localip ... -guard.serviceips ...
+# -upstreamsvc), measured over the same seconds: the cache's row (guarded, which answers the guard's probes)
+# and the guard's (guard). -daemonset is left out on both, there being no API server.
 #
+# PERF_DIR=DIR records `perf record -e sched:sched_switch -g` of each node-cache process over its idle span
+# into DIR (build NODE_CACHE without -s for Go symbols): `perf report -i FILE --stdio --no-children` then
+# says what woke it.
 # NODE_CACHE=PATH measures that build; NODE_CACHE_ALT=PATH adds the variant "alt". Needs root, iproute2,
 # iptables, dnsperf and unbound, go, 2 CPUs. Kills only the processes it started.
 set -euo pipefail
@@ -25,7 +29,7 @@ ROUNDS=${ROUNDS:-3}
 IDLE=${IDLE:-10}
 SETTLE=${SETTLE:-3}
 WARM=${WARM:-2000}
-VARIANTS=${VARIANTS:-shipped upstream unbound}
+VARIANTS=${VARIANTS:-shipped guarded upstream unbound}
 
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/simnode.sh
@@ -45,40 +49,7 @@ trap simnode_cleanup EXIT
 simnode_up "nlidle$$"
 simnode_node_cache
 
-cat >"$work/Corefile.clusterdns" <<EOF
-cluster.local:53 {
-    bind $DNS_POD_IP
-    template IN A cluster.local {
-        match "^svc[0-9]+[.]"
-        answer "{{ .Name }} 30 IN A 10.97.0.1"
-        fallthrough
-    }
-    template ANY ANY cluster.local {
-        rcode NXDOMAIN
-        authority "cluster.local. 30 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30"
-    }
-}
-in-addr.arpa:53 ip6.arpa:53 {
-    bind $DNS_POD_IP
-    template ANY ANY {
-        rcode NXDOMAIN
-    }
-}
-EOF
-cat >"$work/Corefile.ext" <<EOF
-.:53 {
-    bind $EXT_IP
-    template IN A {
-        answer "{{ .Name }} 60 IN A 192.0.2.80"
-    }
-}
-EOF
-ip netns exec "$ns_dns" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
-pids+=($!)
-ip netns exec "$ns_ext" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
-pids+=($!)
-wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
-wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+simnode_cluster_dns 0
 
 simnode_corefiles
 simnode_unbound_conf
@@ -105,7 +76,16 @@ measure() {
     for pid in "$@"; do
         c0+=("$(cpu_ns "$pid")") w0+=("$(wakes "$pid")")
     done
+    local perf=()
+    if [ -n "${PERF_DIR:-}" ]; then
+        mkdir -p "$PERF_DIR"
+        for pid in "$@"; do
+            perf record -q -e sched:sched_switch -g -p "$pid" -o "$PERF_DIR/$variant-$pid-$round.data" -- sleep "$IDLE" >/dev/null 2>&1 &
+            perf+=($!)
+        done
+    fi
     sleep "$IDLE"
+    [ ${#perf[@]} -eq 0 ] || wait "${perf[@]}" || true
     for pid in "$@"; do
         awk -v c0="${c0[$i]}" -v c1="$(cpu_ns "$pid")" -v w0="${w0[$i]}" -v w1="$(wakes "$pid")" -v t="$IDLE" \
             'BEGIN { printf "%.3f %.1f\n", (c1 - c0) / 1e6 / t, (w1 - w0) / t }'
@@ -133,10 +113,12 @@ for round in $(seq 1 "$ROUNDS"); do
     n=${#variants[@]}
     for i in $(seq 0 $((n - 1))); do
         variant=${variants[$(((i + round - 1) % n))]}
-        simnode_start "$variant"
-        simnode_ready "$variant" svc1.ready.svc.cluster.local
+        started=$variant
+        [ "$variant" != guarded ] || started=shipped
+        simnode_start "$started"
+        simnode_ready "$started" svc1.ready.svc.cluster.local
         guard_pid=
-        [ "$variant" != shipped ] || start_guard
+        [ "$variant" != guarded ] || start_guard
         ip netns exec "$ns_pod" dnsperf -s "$LOCAL_IP" -d "$work/queries.warm" -n 1 -Q 2000 >/dev/null 2>&1 ||
             die "$variant: the warm-up failed"
         sleep "$SETTLE"
@@ -154,7 +136,7 @@ for round in $(seq 1 "$ROUNDS"); do
             kill -TERM "$guard_pid" 2>/dev/null || true
             wait "$guard_pid" 2>/dev/null || true
         fi
-        simnode_stop "$variant"
+        simnode_stop "$started"
     done
 done
 

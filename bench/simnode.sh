@@ -147,6 +147,50 @@ simnode_corefiles() {
         -e "s/__PILLAR__DNS__SERVER__/$KUBE_DNS_IP/g" corefile/testdata/upstream-template.Corefile >"$work/Corefile.base.upstream"
 }
 
+# simnode_cluster_dns NICE [LAUNCHER...]: starts the cluster DNS (in ns_dns: svcN.* names have an A record,
+# xN.* names and other types are NXDOMAIN with the SOA a negative answer needs to be cached) and the node's
+# resolver (in ns_ext: every A query answered), both $work/node-cache, the cluster DNS at nice NICE, through
+# LAUNCHER (e.g. taskset -c 1), and waits until both answer.
+simnode_cluster_dns() {
+    local level=$1
+    shift
+    cat >"$work/Corefile.clusterdns" <<EOF
+cluster.local:53 {
+    bind $DNS_POD_IP
+    template IN A cluster.local {
+        match "^svc[0-9]+[.]"
+        answer "{{ .Name }} 30 IN A 10.97.0.1"
+        fallthrough
+    }
+    template ANY ANY cluster.local {
+        rcode NXDOMAIN
+        authority "cluster.local. 30 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30"
+    }
+}
+in-addr.arpa:53 ip6.arpa:53 {
+    bind $DNS_POD_IP
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
+}
+EOF
+    cat >"$work/Corefile.ext" <<EOF
+.:53 {
+    bind $EXT_IP
+    template IN A {
+        answer "{{ .Name }} 60 IN A 192.0.2.80"
+    }
+}
+EOF
+    # ip netns exec, not in_ns: a function in the background would leave $! the PID of a subshell.
+    nice -n "$level" ip netns exec "$ns_dns" "$@" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
+    pids+=($!)
+    ip netns exec "$ns_ext" "$@" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
+    pids+=($!)
+    wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
+    wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+}
+
 # simnode_unbound_conf: writes $work/unbound.conf, unbound as a node cache: one thread, forwarding
 # cluster.local and the reverse zones to kube-dns-upstream over TCP and everything else to the node's
 # resolver, TTLs clamped to 5-30 s (5 s negative) as the Corefile does. UNBOUND_VERBOSITY sets its verbosity.

@@ -43,21 +43,22 @@ const (
 )
 
 // Memory a node cache needs, measured on amd64 with CoreDNS v1.15.0:
-//   - baseBytes: resident memory of cmd/node-cache (clamp, upstreamsvc and wirecache compiled in)
-//     serving the rendered iptables Corefile on loopback with empty caches: 42.7 to 43.9 MB over three runs.
-//   - cacheEntryBytes: resident memory per cache entry. BenchmarkCacheEntryMemory measures 495 heap bytes
-//     for a positive entry and 535 for a negative one; the Go collector lets the heap grow to about twice
-//     the live size, and filling both caches of upstream's cluster block (19968 entries) raised the
-//     resident size by 23.4 MB, 1170 bytes an entry, 2.2 times the heap figure.
+//   - baseBytes: resident memory of the build the manifests run (static, stripped, GOGC=50) serving the
+//     rendered iptables Corefile on the simulated node with empty caches: 20.2 to 23.3 MiB at start
+//     (bench/memory.sh, bench/flood.sh), rounded up.
+//   - cacheEntryBytes: resident memory per cache plugin entry. BenchmarkCacheEntryMemory measures 495 heap
+//     bytes for a positive entry and 535 for a negative one; filling both caches of upstream's cluster block
+//     (19968 entries) raised the resident size by 23.4 MB, 1170 bytes an entry, 2.2 times the heap figure.
+//     An entry of a larger answer takes more (BenchmarkLargeAnswerMemory): the cache plugin bounds entries,
+//     not bytes, so this is the usual case, not a bound.
 //   - wirecache bounds the heap its entries hold per block, by max_memory and by capacity times its
-//     largest entry; residentPerHeap (the 2.2 above) turns that bound into resident memory.
-//
-// Filling the rendered cluster block (19232 cache and 10000 wirecache entries) raised the resident size by
-// 26.3 MB, where these figures predicted 33 MB with a wirecache entry of usual size.
+//     largest entry; residentPerHeap turns that bound into resident memory: under bench/flood.sh, which
+//     fills 10.5 MiB of the rendered Corefile's 12 MiB with 3.9 KiB answers, the peak grew by 1.7 times
+//     the bytes filled (the collector's headroom at GOGC=50 and the binary's pages serving touches).
 const (
-	baseBytes       = 43 << 20
+	baseBytes       = 24 << 20
 	cacheEntryBytes = 1200
-	residentPerHeap = 2.2
+	residentPerHeap = 2.0
 )
 
 // The wirecache plugin's defaults (DefaultCapacity, DefaultMaxMemory), and a bound on its largest entry in
@@ -411,12 +412,20 @@ func (c *checker) cacheMemory() {
 		}
 	}
 	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap)
-	if entries+wireEntries > 0 && need > c.opts.MemoryLimit {
-		c.add(line, HazardCacheMemory, fmt.Sprintf("the caches hold up to %d entries (and wirecache %d entries, at "+
-			"most %d MiB of answers); full, the node cache needs about %d MiB, above the %d MiB memory limit, and is "+
-			"OOM-killed (a DNS outage on the node) once they fill", entries, wireEntries, wireHeap>>20, need>>20, c.opts.MemoryLimit>>20),
-			fmt.Sprintf("raise the limit to at least %d MiB or lower the cache capacities (wirecache: max_memory)", (need>>20)+1))
+	if entries+wireEntries == 0 || need <= c.opts.MemoryLimit {
+		return
 	}
+	var held []string
+	if wireEntries > 0 {
+		held = append(held, fmt.Sprintf("wirecache holds up to %d entries, at most %d MiB of answers", wireEntries, wireHeap>>20))
+	}
+	if entries > 0 {
+		held = append(held, fmt.Sprintf("the cache plugin holds up to %d entries, bounded in number only (usual "+
+			"answers assumed; large ones take more)", entries))
+	}
+	c.add(line, HazardCacheMemory, fmt.Sprintf("%s; full, the node cache needs about %d MiB, above the %d MiB memory "+
+		"limit, and is OOM-killed (a DNS outage on the node) once they fill", strings.Join(held, ", and "), need>>20, c.opts.MemoryLimit>>20),
+		fmt.Sprintf("raise the limit to at least %d MiB or lower wirecache's max_memory (and the cache plugin's capacities)", (need>>20)+1))
 }
 
 // shardedCapacity is what CoreDNS's cache really holds for a capacity: 256 shards of at least 4 entries.

@@ -204,7 +204,7 @@ func TestCheckUpstreamTemplate(t *testing.T) {
 }
 
 func TestCheckMemoryFigures(t *testing.T) {
-	// The four-block Corefile of upstream holds 8 caches of 9984 entries: about 134 MiB when full.
+	// The four-block Corefile of upstream holds 8 caches of 9984 entries: about 115 MiB when full.
 	hazards, err := Check(readTestdata(t, "upstream-template.Corefile"), CheckOptions{MemoryLimit: 100 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func TestCheckMemoryFigures(t *testing.T) {
 			memory = append(memory, h)
 		}
 	}
-	if len(memory) != 1 || !strings.Contains(memory[0].Problem, "79872 entries") || !strings.Contains(memory[0].Fix, "135 MiB") {
+	if len(memory) != 1 || !strings.Contains(memory[0].Problem, "79872 entries") || !strings.Contains(memory[0].Fix, "116 MiB") {
 		t.Errorf("got %v", memory)
 	}
 	hazards, _ = Check(readTestdata(t, "upstream-template.Corefile"), CheckOptions{MemoryLimit: 135 << 20})
@@ -227,36 +227,46 @@ func TestCheckMemoryFigures(t *testing.T) {
 }
 
 func TestCheckMemoryWithWireCache(t *testing.T) {
-	// The rendered iptables Corefile: 8 caches of 9984 entries (91 MiB) and 4 wirecaches of 10000 entries
-	// and 8 MiB of answers each (70 MiB resident), about 205 MiB with the base.
+	// The rendered iptables Corefile: 4 wirecaches holding at most 12 MiB of answers in all (24 MiB
+	// resident), no cache plugin: 48 MiB with the base, the manifests' request.
 	out, err := Render(goldenConfigs["iptables"])
 	if err != nil {
 		t.Fatal(err)
 	}
-	hazards, _ := Check(out, CheckOptions{MemoryLimit: 128 << 20})
+	hazards, _ := Check(out, CheckOptions{MemoryLimit: 40 << 20})
 	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory ||
-		!strings.Contains(hazards[0].Problem, "(and wirecache 40000 entries, at most 32 MiB of answers)") ||
-		!strings.Contains(hazards[0].Fix, "205 MiB") {
+		!strings.Contains(hazards[0].Problem, "wirecache holds up to 31456 entries, at most 12 MiB of answers;") ||
+		strings.Contains(hazards[0].Problem, "cache plugin") || !strings.Contains(hazards[0].Fix, "49 MiB") {
 		t.Errorf("got %v", hazards)
 	}
-	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 205 << 20}); len(hazards) != 0 {
-		t.Errorf("205 MiB is enough: %v", hazards)
+	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 48 << 20}); len(hazards) != 0 {
+		t.Errorf("48 MiB is enough: %v", hazards)
 	}
 	// With log, wirecache steps aside and holds nothing.
 	logged := strings.Replace(string(out), "    wirecache {\n", "    log\n    wirecache {\n", 1)
-	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 128 << 20})
-	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "(and wirecache 30000 entries, at most 24 MiB of answers)") {
+	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 32 << 20})
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 11796 entries, at most 4 MiB of answers;") {
+		t.Errorf("got %v", hazards)
+	}
+	// The cache plugin, where it caches instead, counts by its entries.
+	tuned, err := Render(goldenConfigs["tuned"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	hazards, _ = Check(tuned, CheckOptions{MemoryLimit: 64 << 20})
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "and the cache plugin holds up to 41984 entries, bounded in number only") {
 		t.Errorf("got %v", hazards)
 	}
 	// max_memory, and a capacity too small to reach it, bound what wirecache holds.
 	for _, tc := range []struct{ options, want string }{
-		{"max_memory 1MiB", "at most 25 MiB of answers"},            // 3×8 MiB + 1 MiB
-		{"max_memory 33554432", "at most 56 MiB of answers"},        // 3×8 MiB + 32 MiB
-		{"capacity 100", "at most 25 MiB of answers"},               // 3×8 MiB + 100×13 KiB
-		{"capacity 100\n        max_memory 64Ki", "at most 24 MiB"}, // 3×8 MiB + 64 KiB
+		{"max_memory 1MiB", "at most 5 MiB of answers"},            // 4.5 MiB + 1 MiB
+		{"max_memory 33554432", "at most 36 MiB of answers"},       // 4.5 MiB + 32 MiB
+		{"capacity 100", "at most 5 MiB of answers"},               // 4.5 MiB + 100×13 KiB
+		{"capacity 100\n        max_memory 64Ki", "at most 4 MiB"}, // 4.5 MiB + 64 KiB
 	} {
-		changed := strings.Replace(string(out), "    wirecache {\n", "    wirecache {\n        "+tc.options+"\n", 1)
-		hazards, _ := Check([]byte(changed), CheckOptions{MemoryLimit: 128 << 20})
+		changed := strings.Replace(string(out), "    wirecache {\n        capacity 19660\n        max_memory 7680KiB\n",
+			"    wirecache {\n        "+tc.options+"\n", 1)
+		hazards, _ := Check([]byte(changed), CheckOptions{MemoryLimit: 32 << 20})
 		if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, tc.want) {
 			t.Errorf("%s: got %v, want %q", tc.options, hazards, tc.want)
 		}

@@ -95,17 +95,33 @@ type Upstream struct {
 	Fallback []string
 }
 
-// Cache sizes CoreDNS's cache plugin: capacity in entries, TTLs in seconds.
+// Cache sizes the caches. Where wirecache is in a block (every block, unless WireCache.Disabled, or Log for
+// the cluster block), it is the block's only cache and holds a share of Memory; CoreDNS's cache plugin, which
+// bounds its entries in number only, is left out. The capacities below size the cache plugin where it is
+// used instead.
 type Cache struct {
+	// Memory is the byte budget of the answers the caches hold, counted as wirecache counts its entries'
+	// heap (max_memory), split over the blocks by blockShares; default DefaultCacheMemory. Each stub domain
+	// adds a copy of the `.` block, and its share.
+	Memory int64
 	// SuccessCapacity and SuccessTTL bound positive cluster-domain answers; default 9984 entries, 30s.
 	SuccessCapacity int
 	SuccessTTL      int
 	// DenialCapacity and DenialTTL bound negative cluster-domain answers; default 9984 entries, 5s.
 	DenialCapacity int
 	DenialTTL      int
-	// OtherTTL is the TTL cap of the other blocks' `cache TTL`; default 30s.
+	// OtherTTL is the TTL cap of the other blocks (their clamp's MAX, or their `cache TTL`); default 30s.
 	OtherTTL int
 }
+
+// DefaultCacheMemory is the default byte budget of the caches: with the Go collector's headroom (GOGC=50)
+// and the process's own 20 to 30 MiB it fits the manifests' 48 MiB memory request (examples/kubernetes,
+// Memory).
+const DefaultCacheMemory = 12 << 20
+
+// MinCacheMemory is the least Cache.Memory: the smallest share, a sixteenth, must hold one entry of the
+// largest size wirecache stores (its MinMaxMemory, about 12 KiB).
+const MinCacheMemory = 16 * wireCacheMaxEntryBytes
 
 // Clamp is the TTL window of cluster-domain answers, in seconds.
 type Clamp struct {
@@ -115,15 +131,14 @@ type Clamp struct {
 	DenialMin, DenialMax int
 }
 
-// WireCache configures the wirecache plugin, the hit cache in front of each block.
+// WireCache configures the wirecache plugin, each block's cache.
 type WireCache struct {
-	// Disabled leaves wirecache out of every block.
+	// Disabled leaves wirecache out of every block; CoreDNS's cache plugin caches instead, bounded in
+	// entries (Cache's capacities), not in bytes.
 	Disabled bool
-	// Capacity is its entry count; zero means the plugin's default.
+	// Capacity is its entry count per block; zero means one entry per 400 bytes of the block's share of
+	// Cache.Memory, more than the smallest answers need, so that the bytes bind first.
 	Capacity int
-	// StoreFirstAnswers stores the answer to a question's first ask too, leaving out repeats_only: names
-	// asked once are then held by wirecache and cache both (more memory, one chain pass fewer per name).
-	StoreFirstAnswers bool
 }
 
 // ServeStale is serving expired answers while the upstream does not answer (RFC 8767): the serve_stale of
@@ -236,6 +251,9 @@ func (c Config) withDefaults() Config {
 	if c.Cache.OtherTTL == 0 {
 		c.Cache.OtherTTL = 30
 	}
+	if c.Cache.Memory == 0 {
+		c.Cache.Memory = DefaultCacheMemory
+	}
 	if c.Clamp.SuccessMin == 0 {
 		c.Clamp.SuccessMin = 5
 	}
@@ -325,6 +343,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.ServeStale.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Cache.Memory < MinCacheMemory {
+		errs = append(errs, fmt.Errorf("cache memory %d bytes is below %d, a sixteenth of which holds one answer of the largest size", c.Cache.Memory, MinCacheMemory))
 	}
 	if c.WireCache.Capacity < 0 {
 		errs = append(errs, fmt.Errorf("wirecache capacity is negative: %d", c.WireCache.Capacity))

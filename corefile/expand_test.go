@@ -136,7 +136,7 @@ in-addr.arpa:53 {
 	}
 	want := `cluster.local:53 {
     wirecache {
-        serve_stale 30m 5s
+        serve_stale 30m 5s 1s
     }
     cache {
         success 9984 30

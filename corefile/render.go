@@ -3,6 +3,8 @@ package corefile
 import (
 	"strconv"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/bytesize"
 )
 
 // staleDuration writes a serve_stale duration in its largest whole unit: "1h", "30m", "5s", "1500ms".
@@ -58,41 +60,48 @@ func Template(c Config) ([]byte, error) {
 		return d
 	}
 	prometheus := &Directive{Name: "prometheus", Args: []string{PrometheusEndpointVar}}
-	head := func(log bool) []*Directive {
-		dirs := []*Directive{{Name: "errors"}}
+	// caches returns the head of a block (errors, and log or its cache) and the directives that cache its
+	// answers: wirecache with the block's share of the budget, or, in a block with log or without
+	// wirecache, the cache plugin (fallback).
+	caches := func(share int64, log bool, fallback *Directive) (head, cache []*Directive) {
+		head = []*Directive{{Name: "errors"}}
 		if log {
-			dirs = append(dirs, &Directive{Name: "log"})
-		} else if !c.WireCache.Disabled {
-			wc := &Directive{Name: "wirecache"}
-			if c.WireCache.Capacity > 0 {
-				wc.Block = []*Directive{{Name: "capacity", Args: []string{strconv.Itoa(c.WireCache.Capacity)}}}
-			}
-			if !c.ServeStale.Disabled {
-				wc.Block = append(wc.Block, wireCacheServeStale(c.ServeStale))
-			}
-			if !c.WireCache.StoreFirstAnswers {
-				// Names asked once stay with cache alone (README, Memory).
-				wc.Block = append(wc.Block, &Directive{Name: "repeats_only"})
-			}
-			dirs = append(dirs, wc)
+			head = append(head, &Directive{Name: "log"})
 		}
-		return dirs
+		if log || c.WireCache.Disabled {
+			return head, []*Directive{fallback}
+		}
+		return append(head, wireCache(c, share)), nil
 	}
+	// otherClamp keeps the TTLs of the other blocks inside [5, OtherTTL], the window their `cache TTL`
+	// kept the cache's entries in.
+	otherClamp := &Directive{Name: "clamp", Block: []*Directive{
+		{Name: "success", Args: ints(min(5, c.Cache.OtherTTL), c.Cache.OtherTTL)},
+		{Name: "denial", Args: ints(min(5, c.Cache.OtherTTL), c.Cache.OtherTTL)},
+	}}
 	otherCache := &Directive{Name: "cache", Args: []string{strconv.Itoa(c.Cache.OtherTTL)}}
 	if !c.ServeStale.Disabled {
 		otherCache.Block = []*Directive{cacheServeStale(c.ServeStale)}
+	}
+	other := func(share int64) []*Directive {
+		head, cache := caches(share, false, otherCache)
+		if cache != nil {
+			return append(head, cache...)
+		}
+		return append(head, otherClamp)
 	}
 	tail := []*Directive{{Name: "reload"}, {Name: "loop"}, bind}
 
 	f := &File{}
 	cluster := &Block{Keys: []string{c.ClusterDomain + port}}
-	cluster.Directives = append(head(c.Log),
+	head, cache := caches(c.Cache.Memory*blockShares.cluster/blockShares.total, c.Log, clusterCache(c))
+	cluster.Directives = append(head,
 		&Directive{Name: "clamp", Block: []*Directive{
 			{Name: "success", Args: ints(c.Clamp.SuccessMin, c.Clamp.SuccessMax)},
 			{Name: "denial", Args: ints(c.Clamp.DenialMin, c.Clamp.DenialMax)},
 		}},
-		clusterCache(c),
 	)
+	cluster.Directives = append(cluster.Directives, cache...)
 	cluster.Directives = append(cluster.Directives, tail...)
 	cluster.Directives = append(cluster.Directives, clusterForward(), prometheus,
 		&Directive{Name: "health", Args: []string{LocalDNSVar + ":" + strconv.Itoa(int(c.HealthPort))}},
@@ -102,15 +111,13 @@ func Template(c Config) ([]byte, error) {
 
 	for _, zone := range reverseZones {
 		b := &Block{Keys: []string{zone + port}}
-		b.Directives = append(head(false), otherCache)
-		b.Directives = append(b.Directives, tail...)
+		b.Directives = append(other(c.Cache.Memory*blockShares.reverse/blockShares.total), tail...)
 		b.Directives = append(b.Directives, clusterForward(), prometheus)
 		f.Blocks = append(f.Blocks, b)
 	}
 
 	root := &Block{Keys: []string{"." + port}}
-	root.Directives = append(head(false), otherCache)
-	root.Directives = append(root.Directives, tail...)
+	root.Directives = append(other(c.Cache.Memory*blockShares.root/blockShares.total), tail...)
 	root.Directives = append(root.Directives, &Directive{Name: "forward", Args: []string{".", UpstreamServersVar}}, prometheus)
 	f.Blocks = append(f.Blocks, root)
 
@@ -118,7 +125,29 @@ func Template(c Config) ([]byte, error) {
 	return f.Format(), nil
 }
 
-// clusterCache is the cluster-domain block's cache: capacities and TTL caps per kind, and serve_stale.
+// blockShares split Cache.Memory over the blocks, in sixteenths: most of it to the cluster domain, whose
+// names every Pod asks, a quarter to everything else, and a sixteenth to each reverse zone.
+var blockShares = struct{ cluster, root, reverse, total int64 }{cluster: 10, root: 4, reverse: 1, total: 16}
+
+// wireCache is a block's wirecache: at most share bytes of answers, an entry count that lets the bytes bind
+// first, and serve_stale.
+func wireCache(c Config, share int64) *Directive {
+	capacity := c.WireCache.Capacity
+	if capacity == 0 {
+		capacity = int(share / 400)
+	}
+	d := &Directive{Name: "wirecache", Block: []*Directive{
+		{Name: "capacity", Args: []string{strconv.Itoa(capacity)}},
+		{Name: "max_memory", Args: []string{bytesize.Format(share)}},
+	}}
+	if !c.ServeStale.Disabled {
+		d.Block = append(d.Block, wireCacheServeStale(c.ServeStale))
+	}
+	return d
+}
+
+// clusterCache is the cluster-domain block's cache plugin, where wirecache is not (log, or no wirecache):
+// capacities and TTL caps per kind, and serve_stale.
 func clusterCache(c Config) *Directive {
 	d := &Directive{Name: "cache", Block: []*Directive{
 		{Name: "success", Args: ints(c.Cache.SuccessCapacity, c.Cache.SuccessTTL)},
@@ -140,10 +169,10 @@ func cacheServeStale(s ServeStale) *Directive {
 }
 
 // wireCacheServeStale is wirecache's serve_stale for s: its expired entries answer, with TTL s.TTL, when
-// the plugins after it fail, as the cache's would.
+// the plugins after it fail or have not answered within s.Verify, as the cache plugin's would.
 func wireCacheServeStale(s ServeStale) *Directive {
 	s = s.withDefaults()
-	return &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), staleDuration(s.TTL)}}
+	return &Directive{Name: "serve_stale", Args: []string{staleDuration(s.For), staleDuration(s.TTL), staleDuration(s.Verify)}}
 }
 
 // Expansion returns what node-cache's flags would fill into Template(c): the values of the template

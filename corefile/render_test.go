@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"flag"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/bytesize"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
@@ -58,7 +61,7 @@ var goldenConfigs = map[string]Config{
 		ClusterDNSIPs:  addrs("10.32.0.10"),
 		Port:           5353,
 		Upstream:       Upstream{Service: "coredns-upstream", Namespace: "dns", Fallback: []string{"10.32.0.53"}},
-		Cache:          Cache{SuccessCapacity: 39936, SuccessTTL: 60, DenialCapacity: 2048, DenialTTL: 10, OtherTTL: 15},
+		Cache:          Cache{Memory: 32 << 20, SuccessCapacity: 39936, SuccessTTL: 60, DenialCapacity: 2048, DenialTTL: 10, OtherTTL: 15},
 		Clamp:          Clamp{SuccessMin: 10, DenialMin: 2},
 		WireCache:      WireCache{Capacity: 4096},
 		ServeStale:     ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 500 * time.Millisecond},
@@ -111,6 +114,7 @@ func TestRenderShape(t *testing.T) {
 			if len(f.Blocks) != len(want) {
 				t.Fatalf("got %d blocks, want %d (%v)", len(f.Blocks), len(want), want)
 			}
+			var budget int64 // max_memory of the blocks, stub domains aside
 			var bindWant []string
 			for _, ip := range full.LocalIPs {
 				bindWant = append(bindWant, ip.String())
@@ -128,21 +132,41 @@ func TestRenderShape(t *testing.T) {
 				if got := b.Has("notrack"); got == c.Notrack.Disabled {
 					t.Errorf("block %v: notrack present %v, want %v", b.Keys, got, !c.Notrack.Disabled)
 				}
-				if got := b.Has("wirecache"); got != (!c.WireCache.Disabled && !b.Has("log")) {
-					t.Errorf("block %v: wirecache present %v with log %v", b.Keys, got, b.Has("log"))
+				// One cache per block: wirecache, bounded in bytes, unless log or the configuration leaves
+				// it out; then the cache plugin.
+				wire := !c.WireCache.Disabled && !b.Has("log")
+				if b.Has("wirecache") != wire || b.Has("cache") == wire {
+					t.Errorf("block %v: wirecache %v, cache %v, with log %v", b.Keys, b.Has("wirecache"), b.Has("cache"), b.Has("log"))
 				}
-				if !b.Has("loop") || !b.Has("prometheus") || !b.Has("cache") {
-					t.Errorf("block %v: missing loop, prometheus or cache", b.Keys)
+				if wire {
+					o := b.Find("wirecache")[0].Option("max_memory")
+					if o == nil || len(o.Args) != 1 {
+						t.Fatalf("block %v: wirecache without max_memory", b.Keys)
+					}
+					n, err := bytesize.Parse(o.Args[0])
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !isStub(c, b) {
+						budget += n
+					}
 				}
+				if !b.Has("loop") || !b.Has("prometheus") || !b.Has("clamp") && !b.Has("cache") {
+					t.Errorf("block %v: missing loop, prometheus, or clamp and cache", b.Keys)
+				}
+			}
+			if budget > full.Cache.Memory || !c.WireCache.Disabled && !c.Log && budget < full.Cache.Memory-blockShares.total {
+				t.Errorf("the blocks' max_memory add up to %d, want the budget of %d", budget, full.Cache.Memory)
 			}
 			cluster := f.Blocks[0]
 			svc := cluster.Find("upstreamsvc")
 			if len(svc) != 1 || svc[0].Option("force_tcp") == nil {
 				t.Errorf("cluster block: want upstreamsvc with force_tcp, got %v", svc)
 			}
-			cache := cluster.Find("cache")[0]
-			if s, d := cache.Option("success"), cache.Option("denial"); s == nil || d == nil {
-				t.Errorf("cluster cache lacks success or denial: %+v", cache)
+			if cache := cluster.Find("cache"); len(cache) > 0 {
+				if s, d := cache[0].Option("success"), cache[0].Option("denial"); s == nil || d == nil {
+					t.Errorf("cluster cache lacks success or denial: %+v", cache)
+				}
 			}
 			if !cluster.Has("clamp") {
 				t.Error("cluster block has no clamp")
@@ -159,6 +183,19 @@ func TestRenderShape(t *testing.T) {
 			}
 		})
 	}
+}
+
+// port is the ":PORT" of the blocks of c.
+func port(c Config) string { return ":" + strconv.Itoa(int(c.Port)) }
+
+// isStub reports whether b is a stub domain's block, a copy of the `.` block.
+func isStub(c Config, b *Block) bool {
+	for d := range c.StubDomains {
+		if b.Keys[0] == d+port(c.withDefaults()) {
+			return true
+		}
+	}
+	return false
 }
 
 func TestRenderIPv6Brackets(t *testing.T) {
@@ -196,6 +233,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bad backend", func(c *Config) { c.Notrack.Backend = "ebtables" }, "backend"},
 		{"stale TTL in milliseconds", func(c *Config) { c.ServeStale.TTL = 1500 * time.Millisecond }, "whole number of seconds"},
 		{"negative stale window", func(c *Config) { c.ServeStale.For = -time.Hour }, "negative"},
+		{"cache memory too small", func(c *Config) { c.Cache.Memory = 64 << 10 }, "cache memory"},
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("good config: %v", err)

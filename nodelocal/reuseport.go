@@ -39,3 +39,14 @@ func SteerUDPGroup(local netip.AddrPort, index uint32) error { return drain.Pref
 // UnsteerUDPGroup gives the group of local back to the kernel's hash, unless a takeover holds it
 // (ErrTakenOver).
 func UnsteerUDPGroup(local netip.AddrPort) error { return drain.Yield(local) }
+
+// ReuseportChanges returns a channel that gets a value whenever this process learns that another process
+// may have joined or left its reuseport groups (a successor queued at the node lock, or left the line) or
+// that a takeover began or ended, for a fast path that looks at its group then instead of polling; and a
+// function that ends the subscription. A process that joins without queueing (not a cache) is not
+// announced: a user still looks now and then.
+func ReuseportChanges() (<-chan struct{}, func()) { return drain.Changes() }
+
+// SuccessorQueued reports whether a successor waits to take this process's node over: its sockets join
+// the groups as soon as it serves, so a fast path gives its group back to the kernel's hash meanwhile.
+func SuccessorQueued() bool { return drain.SuccessorQueued() }

@@ -13,13 +13,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/drain"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/nodelock"
 )
 
 // Pauses and bounds of a Succession.
 const (
-	// successorPoll is how often an owner looks for a ready successor.
-	successorPoll = 100 * time.Millisecond
+	// successorPoll is how often an owner looks for a ready successor where it cannot watch the node lock's
+	// bell; successorRecheck how often it looks besides the bell, for a successor that died.
+	successorPoll    = 100 * time.Millisecond
+	successorRecheck = 5 * time.Second
 	// orphanPoll is how often a process that let go checks that its successor took the node, and how often
 	// a takeover checks whether the old process's sockets have left the groups.
 	orphanPoll = 500 * time.Millisecond
@@ -191,7 +194,7 @@ func (s *Succession) Own(ctx context.Context, cfg Config, rec *Reconciler) {
 // ownLocked makes rec the owner's and starts the watch for a successor.
 func (s *Succession) ownLocked(rec *Reconciler) {
 	s.state, s.rec = Owning, rec
-	s.queued.Store(false)
+	s.setQueued(false)
 	s.watch(func(ctx context.Context) { s.watchSuccessor(ctx, rec) })
 }
 
@@ -382,15 +385,30 @@ func (s *Succession) takeOver(ctx context.Context, rec *Reconciler, endpoints []
 	s.log.Infof("took the node over from %s", s.from)
 }
 
-// watchSuccessor looks for a ready successor every successorPoll, and lets it take the node.
+// watchSuccessor looks for a ready successor whenever one rings the node lock's bell (nodelock.Bell), and
+// every successorRecheck besides (a successor that died rings nothing), and lets it take the node. Where
+// the bell cannot be watched it looks every successorPoll. What it finds about the line is announced to
+// this process's users of the reuseport groups (ReuseportChanges).
 func (s *Succession) watchSuccessor(ctx context.Context, rec *Reconciler) {
-	t := time.NewTicker(successorPoll)
+	every := successorRecheck
+	bell, err := nodelock.Bell(ctx, s.cfg.LockPath)
+	if err != nil {
+		s.log.Warningf("looking for a successor every %v: %v", successorPoll, err)
+		every = successorPoll
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	var failed string // the last error, logged once until it changes or a look succeeds
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case _, ok := <-bell:
+			if !ok && ctx.Err() == nil {
+				s.log.Warningf("the node lock's bell stopped; looking for a successor every %v", successorPoll)
+				bell = nil
+				t.Reset(successorPoll)
+			}
 		case <-t.C:
 		}
 		queued, ready, err := rec.SuccessorReady()
@@ -406,7 +424,7 @@ func (s *Succession) watchSuccessor(ctx context.Context, rec *Reconciler) {
 			continue
 		}
 		failed = ""
-		s.queued.Store(queued)
+		s.setQueued(queued)
 		if ready && s.handOff(ctx, rec) {
 			return
 		}
@@ -494,7 +512,7 @@ func (s *Succession) Leave(ctx context.Context, reason string, endpoints []netip
 	}
 	state, rec := s.state, s.rec
 	s.state, s.rec = Alone, nil
-	s.queued.Store(false)
+	s.setQueued(false)
 	switch state {
 	case Waiting:
 		_ = s.successor.Close()
@@ -527,6 +545,13 @@ func (s *Succession) Leave(ctx context.Context, reason string, endpoints []netip
 	s.Drain(reason, endpoints)
 	s.log.Infof("%s: left the link, the addresses and the rules to the successor", reason)
 	return true
+}
+
+// setQueued records whether a successor waits for this owner, for readiness (SuccessorQueued) and for the
+// fast path, which gives its reuseport group back to the kernel's hash for the successor's sockets.
+func (s *Succession) setQueued(queued bool) {
+	s.queued.Store(queued)
+	drain.SetSuccessorQueued(queued)
 }
 
 // failed logs an error of the background work and passes it to the Failed hook.

@@ -118,6 +118,14 @@ func TestChartAddressesGivenOnce(t *testing.T) {
 	}
 }
 
+// TestChartCacheMemory: the cache's byte budget follows cacheMemoryMiB, split over the blocks as
+// corefile.Template splits Cache.Memory (40 MiB gives a reverse zone 2560 KiB, not a whole MiB).
+func TestChartCacheMemory(t *testing.T) {
+	objs, _ := mustRender(t, "--set", "cacheMemoryMiB=40")
+	checkChartObjects(t, objs, corefile.Config{Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10"),
+		ClusterDNSIPs: addrs("10.96.0.10"), HealthPort: 8080, ReadyPort: 8181, Cache: corefile.Cache{Memory: 40 << 20}}, 9253, 9254)
+}
+
 // checkChartObjects checks a rendered chart against the configuration it was given.
 func checkChartObjects(t *testing.T, objs *Objects, cfg corefile.Config, metricsPort, guardPort int32) {
 	t.Helper()

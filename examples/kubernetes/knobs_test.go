@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -129,21 +130,34 @@ func TestChartKnobs(t *testing.T) {
 		if d := directive(b, "hosts"); d == nil || !slices.Equal(d.Args, []string{"/etc/coredns/hosts"}) || d.Block[0].Name != "fallthrough" {
 			t.Errorf("%s: hosts %+v", keys[i], d)
 		}
-		if i == 5 {
-			continue // cacheTTL 0
-		}
-		c := directive(b, "cache")
-		if c == nil || !slices.ContainsFunc(c.Block, func(d *corefile.Directive) bool {
-			return d.Name == "prefetch" && slices.Equal(d.Args, []string{"5", "2m", "20%"})
-		}) ||
-			!slices.ContainsFunc(c.Block, func(d *corefile.Directive) bool {
-				return d.Name == "serve_stale" && slices.Equal(d.Args, []string{"30m", "verify", "2s", "10s"})
-			}) {
-			t.Errorf("%s: cache %+v", keys[i], c)
-		}
 	}
-	if directive(f.Blocks[0], "log") == nil || directive(f.Blocks[0], "wirecache") != nil {
+	// queryLog: the cluster domain logs, and the cache plugin caches it instead of wirecache, with the
+	// capacities, TTLs, prefetch and serve_stale of the values; clamp keeps the TTL knobs' windows.
+	cluster := f.Blocks[0]
+	if directive(cluster, "log") == nil || directive(cluster, "wirecache") != nil {
 		t.Error("queryLog: the cluster domain has no log, or keeps wirecache")
+	}
+	want := map[string][]string{"success": {"20000", "60"}, "denial": {"5000", "10"}, "prefetch": {"5", "2m", "20%"}, "serve_stale": {"30m", "verify", "2s", "10s"}}
+	if c := directive(cluster, "cache"); c == nil || !sameOptions(c, want) {
+		t.Errorf("cluster cache %s, want %v", dump(c), want)
+	}
+	if c := directive(cluster, "clamp"); c == nil || !sameOptions(c, map[string][]string{"success": {"5", "60"}, "denial": {"5", "10"}}) {
+		t.Errorf("cluster clamp %s", dump(c))
+	}
+	// The other blocks and the zone with a cacheTTL: wirecache alone, with its share of cacheMemoryMiB (32:
+	// 2 MiB a sixteenth) and serve_stale, and clamp with otherTTL or the zone's cacheTTL.
+	for i, b := range f.Blocks[1:5] {
+		kib, ttl := []int{2048, 2048, 8192, 8192}[i], []string{"120", "120", "120", "60"}[i]
+		if c := directive(b, "cache"); c != nil {
+			t.Errorf("%s: a cache plugin beside wirecache: %s", keys[i+1], dump(c))
+		}
+		want := map[string][]string{"capacity": {strconv.Itoa(kib * 1024 / 400)}, "max_memory": {strconv.Itoa(kib>>10) + "MiB"}, "serve_stale": {"30m", "10s", "2s"}}
+		if w := directive(b, "wirecache"); w == nil || !sameOptions(w, want) {
+			t.Errorf("%s: wirecache %s, want %v", keys[i+1], dump(w), want)
+		}
+		if c := directive(b, "clamp"); c == nil || !sameOptions(c, map[string][]string{"success": {"5", ttl}, "denial": {"5", ttl}}) {
+			t.Errorf("%s: clamp %s, want 5 %s", keys[i+1], dump(c), ttl)
+		}
 	}
 	root := directive(f.Blocks[3], "forward")
 	if !slices.Equal(root.Args, []string{".", "192.0.2.53", "192.0.2.54:5353"}) || len(root.Block) != 7 || directive(&corefile.Block{Directives: root.Block}, "prefer_udp") == nil {
@@ -152,9 +166,30 @@ func TestChartKnobs(t *testing.T) {
 	if fwd := directive(f.Blocks[4], "forward"); !slices.Equal(fwd.Args, []string{".", "10.0.0.53", "10.0.1.53"}) || len(fwd.Block) != 2 {
 		t.Errorf("zone forward %+v", fwd)
 	}
-	if directive(f.Blocks[5], "cache") != nil || directive(f.Blocks[5], "wirecache") != nil {
-		t.Error("cacheTTL 0 leaves a cache in internal.example")
+	if directive(f.Blocks[5], "cache") != nil || directive(f.Blocks[5], "wirecache") != nil || directive(f.Blocks[5], "clamp") != nil {
+		t.Error("cacheTTL 0 leaves a cache or clamp in internal.example")
 	}
+}
+
+// sameOptions reports whether d's block has exactly the options of want, by name, with those arguments.
+func sameOptions(d *corefile.Directive, want map[string][]string) bool {
+	if len(d.Block) != len(want) {
+		return false
+	}
+	for _, o := range d.Block {
+		if args, ok := want[o.Name]; !ok || !slices.Equal(o.Args, args) {
+			return false
+		}
+	}
+	return true
+}
+
+// dump writes a directive and its block as the Corefile has them, for a test's message.
+func dump(d *corefile.Directive) string {
+	if d == nil {
+		return "<none>"
+	}
+	return string((&corefile.File{Blocks: []*corefile.Block{{Keys: []string{"."}, Directives: []*corefile.Directive{d}}}}).Format())
 }
 
 // directive returns b's first directive called name, or nil.
@@ -188,7 +223,19 @@ func TestChartCorefileIsTemplate(t *testing.T) {
 				c.ServeStale = corefile.ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 2 * time.Second}
 			},
 		},
-		"query log":      {args: []string{"--set", "queryLog=true"}, edit: func(c *corefile.Config) { c.Log = true }},
+		"query log": {args: []string{"--set", "queryLog=true"}, edit: func(c *corefile.Config) { c.Log = true }},
+		// The cluster domain's cache plugin, with the caches' and serve-stale knobs.
+		"query log, caches and serve stale": {
+			args: []string{"--set", "queryLog=true,cache.success.capacity=20000,cache.success.ttl=60,cache.denial.capacity=5000,cache.denial.ttl=10,cache.otherTTL=3",
+				"--set", "serveStale.for=30m,serveStale.ttl=10s,serveStale.verify=500ms"},
+			edit: func(c *corefile.Config) {
+				c.Log = true
+				c.Cache = corefile.Cache{SuccessCapacity: 20000, SuccessTTL: 60, DenialCapacity: 5000, DenialTTL: 10, OtherTTL: 3}
+				c.ServeStale = corefile.ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 500 * time.Millisecond}
+			},
+		},
+		// A budget whose shares are whole GiB (`.`'s) and MiB.
+		"budget": {args: []string{"--set", "cacheMemoryMiB=4096"}, edit: func(c *corefile.Config) { c.Cache.Memory = 4 << 30 }},
 	} {
 		t.Run(name, func(t *testing.T) {
 			objs, _ := mustRender(t, tt.args...)
@@ -207,7 +254,8 @@ func TestChartCorefileIsTemplate(t *testing.T) {
 
 // TestChartCorefilesValid takes the Corefile of the defaults, of each ci values file and of every knob set
 // through what node-cache does at start (corefile.Expand with the DaemonSet's addresses, the cluster DNS
-// forwarded to directly at kube-dns-upstream's address, as upstreamsvc's fallback would), then checks it with corefile.Check and runs every directive's setup, CoreDNS's own
+// forwarded to directly at kube-dns-upstream's address, as upstreamsvc's fallback would), then checks it with
+// corefile.Check (the memory request as the limit the caches must fit) and runs every directive's setup, CoreDNS's own
 // parsers, as a start would (caddy's validation pass: nothing listens).
 func TestChartCorefilesValid(t *testing.T) {
 	cases := map[string][]string{"defaults": nil}
@@ -231,7 +279,9 @@ func TestChartCorefilesValid(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hazards, err := corefile.Check(out, corefile.CheckOptions{ResolvConf: []byte("nameserver 10.0.0.2\n")})
+			// The memory request holds what the caches may take, as the manifests' does (TestManifests).
+			req := ds.Spec.Template.Spec.Containers[0].Resources.Requests[corev1.ResourceMemory]
+			hazards, err := corefile.Check(out, corefile.CheckOptions{ResolvConf: []byte("nameserver 10.0.0.2\n"), MemoryLimit: req.Value()})
 			if err != nil || len(hazards) > 0 {
 				t.Errorf("Check: %v %v\n%s", hazards, err, out)
 			}
@@ -317,6 +367,8 @@ func TestChartKnobsRefused(t *testing.T) {
 		"unknown trafficDistribution":          {[]string{"--set", "upstreamTrafficDistribution=PreferSameRack"}, "PreferSameNode"},
 		"zone without servers":                 {[]string{"--set", "zones[0].zones=corp.example"}, "servers"},
 		"unknown top-level value":              {[]string{"--set", "podAnotations.a=b"}, "podAnotations"},
+		"prefetch without the cache plugin":    {[]string{"--set", "cache.prefetch.enabled=true"}, "cache.prefetch.enabled"},
+		"no cache budget":                      {[]string{"--set", "cacheMemoryMiB=0"}, "cacheMemoryMiB"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := render(t, tt.args...)

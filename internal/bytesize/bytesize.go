@@ -38,3 +38,13 @@ func Parse(s string) (int64, error) {
 	}
 	return 0, fmt.Errorf("%q is not a size (bytes, or a number with KiB, MiB or GiB)", s)
 }
+
+// Format writes n in the largest unit that divides it (8MiB, 640KiB, 1000), as Parse reads it back.
+func Format(n int64) string {
+	for _, u := range units[:len(units)-1] {
+		if n != 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffixes[0]
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}

@@ -17,3 +17,16 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+func TestFormat(t *testing.T) {
+	for n, want := range map[int64]string{
+		0: "0", 1000: "1000", 1024: "1KiB", 10 << 20: "10MiB", 1536 << 10: "1536KiB", 3 << 30: "3GiB", 1<<20 + 1: "1048577",
+	} {
+		if got := Format(n); got != want {
+			t.Errorf("Format(%d) = %q, want %q", n, got, want)
+		}
+		if back, err := Parse(Format(n)); err != nil || back != n {
+			t.Errorf("Parse(Format(%d)) = %d, %v", n, back, err)
+		}
+	}
+}

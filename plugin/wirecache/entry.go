@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -45,7 +46,8 @@ type form struct {
 }
 
 // entry is an answer packed once by the plugin chain's rules and replayed to every matching query until
-// it expires. It is never modified after it is built, so hits read it without locking.
+// it expires. Its answer is never modified after it is built, so hits read it without locking; only its
+// atomic marks change.
 type entry struct {
 	// key is the lowered question name, type, class and key flags the entry answers (see queryKey).
 	key string
@@ -81,6 +83,12 @@ type entry struct {
 
 	// bytes is the memory the entry holds, as the store counts it against its budget (see footprint).
 	bytes int64
+
+	// asked counts the lookups that found the entry, up to maxAsked, less one for each time every protected
+	// entry of its shard lost one (see shard.victim); refreshing is held while a query of the expired entry asks the chain in the
+	// background (serve_stale's WAIT), so that one refresh at a time runs for it.
+	asked      atomic.Uint32
+	refreshing atomic.Bool
 }
 
 // Reasons an answer is not stored. They are never shown to clients; tests check them.

@@ -32,12 +32,11 @@ const (
 	// passQueue is how many queries wait for CoreDNS's server before the readers wait for it.
 	passQueue = 256
 
-	// steerCheck is how often the fast path reads who is in its address's group, steerVerify how often it
-	// checks with a probe that the group still sends packets to it, and probeWait bounds the wait for one
-	// probe.
-	steerCheck  = time.Second
-	steerVerify = 10 * time.Second
-	probeWait   = time.Second
+	// steerCheck is how often the fast path reads who is in its address's group besides the changes it
+	// hears of (nodelocal.ReuseportChanges) and checks with a probe that the group still sends packets to
+	// it, and probeWait bounds the wait for one probe.
+	steerCheck = 10 * time.Second
+	probeWait  = time.Second
 	// passDrainWait bounds the wait for CoreDNS's server to take the queries passed to it when stopping.
 	passDrainWait = 2 * time.Second
 	// shutdownWait bounds the wait for the queries CoreDNS's server is still answering when stopping.

@@ -141,9 +141,10 @@ func TestServerStepAsideReasons(t *testing.T) {
 // testOptionDirective is a test plugin that sets the server block options no plugin this module builds sets
 // (tls and dynupdate need modules it does not require), as those plugins set them:
 //
-//	wirecachetestoption tls | opcode OPCODE | validate | decorator NAME
+//	wirecachetestoption tls | opcode OPCODE | validate | decorator NAME | bypass ZONE...
 //
-// decorator installs a UDP writer decorator that counts every reply written through it in decorated[NAME].
+// decorator installs a UDP writer decorator that counts every reply written through it in decorated[NAME];
+// bypass adds a handler that passes every query on and says, as dynupdate does, that no cache may hold ZONE.
 const testOptionDirective = "wirecachetestoption"
 
 // decorated counts the replies each decorator of testOptionDirective saw, by name.
@@ -182,6 +183,12 @@ func setupTestOption(c *caddy.Controller) error {
 			cfg.UDPDecorateWriterFunc = func(*dnsserver.Server) dns.DecorateWriter {
 				return func(w dns.Writer) dns.Writer { return countingWriter{w, writes} }
 			}
+		case "bypass":
+			if len(args) < 2 {
+				return c.ArgErr()
+			}
+			zones := plugin.OriginsFromArgsOrServerBlock(args[1:], c.ServerBlockKeys)
+			cfg.AddPlugin(func(next plugin.Handler) plugin.Handler { return bypassHandler{next, zones} })
 		default:
 			return c.Errf("unknown option '%s'", args[0])
 		}
@@ -218,3 +225,15 @@ func TestFastPathOnePerAddress(t *testing.T) {
 		t.Errorf("%d fast paths tried for one address, want one", len(f.servers))
 	}
 }
+
+// bypassHandler passes every query on, and says that no cache may hold its zones (cache.ZoneBypasser).
+type bypassHandler struct {
+	next  plugin.Handler
+	zones []string
+}
+
+func (h bypassHandler) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	return plugin.NextOrFailure(h.Name(), h.next, ctx, w, r)
+}
+func (h bypassHandler) Name() string               { return testOptionDirective }
+func (h bypassHandler) CacheBypassZones() []string { return h.zones }

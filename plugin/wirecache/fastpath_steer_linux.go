@@ -18,17 +18,25 @@ import (
 
 // How the fast path keeps its address's reuseport group steered to its socket, and yields it.
 
-// keepSteered steers the group to the fast path's socket, and checks every steerCheck who is in the group.
+// keepSteered steers the group to the fast path's socket, and checks who is in the group whenever this
+// process hears that it may have changed (nodelocal.ReuseportChanges: a successor queued or left, a
+// takeover began or ended) and every steerCheck besides, so that an idle node wakes it seldom.
 // While this process takes the address over from an older one (nodelocal.UDPGroupTakenOver) it leaves the group's
 // program to the takeover. While another process has sockets there (a successor that must prove it answers, then takes the node
-// over and steers the group itself), the fast path gives the group back to the kernel's hash once, if it
-// was steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
-// checks with a probe every steerVerify that packets still come to it. Each round also ends the goroutines
+// over and steers the group itself), or a successor is queued at the node lock and about to join
+// (nodelocal.SuccessorQueued), the fast path gives the group back to the kernel's hash once, if it was
+// steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
+// checks with a probe every steerCheck that packets still come to it. Each round also ends the goroutines
 // the chainServers keep beyond what the last round needed (trim).
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
-	t := time.NewTicker(steerCheck)
+	changes, unsubscribe := nodelocal.ReuseportChanges()
+	defer unsubscribe()
+	t := time.NewTimer(steerCheck)
 	defer t.Stop()
+	// retry is the wait before the next look after a round that could not finish (a probe that got no
+	// answer, a steering that failed): a second, doubling up to steerCheck.
+	retry := time.Duration(0)
 	var (
 		steered, yielded bool
 		lastGroup        string
@@ -49,12 +57,14 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 	}
 	defer setSteered(false)
 	for {
+		failed := false
 		if fp.servers != nil {
 			fp.servers.trim()
 		}
 		group, err := nodelocal.UDPGroup(fp.local)
 		switch {
 		case err != nil:
+			failed = true
 			if msg := err.Error(); msg != lastErr {
 				log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
 				lastErr = msg
@@ -63,7 +73,7 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 			// This process takes the address over from an older one: the takeover owns the group's
 			// program until the older sockets are gone (see nodelocal.Succession's takeover).
 			setSteered(false)
-		case nodelocal.OthersInGroup(group) > 0:
+		case nodelocal.OthersInGroup(group) > 0 || nodelocal.SuccessorQueued():
 			if yielded {
 				break
 			}
@@ -74,7 +84,8 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 				return
 			}
 			if err != nil {
-				break // asked again next time
+				failed = true // asked again soon
+				break
 			}
 			setSteered(false)
 			yielded = true
@@ -88,13 +99,14 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 			log.Infof("fast path on %s: another process listens on the address too; its packets are spread by the kernel's hash and the group is left to that process", fp.srv.Addr)
 		default:
 			yielded = false
-			if sig := groupSignature(group); sig != lastGroup || !steered || time.Since(lastVerified) >= steerVerify {
+			if sig := groupSignature(group); sig != lastGroup || !steered || time.Since(lastVerified) >= steerCheck {
 				err := fp.steer(ctx, group, true)
 				if ctx.Err() != nil {
 					return
 				}
 				lastGroup, lastVerified = sig, time.Now()
 				if err != nil {
+					failed = true
 					if msg := err.Error(); msg != lastErr {
 						log.Infof("fast path on %s: %v; the plugin chain's socket answers meanwhile", fp.srv.Addr, err)
 						lastErr = msg
@@ -105,9 +117,18 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 				setSteered(err == nil)
 			}
 		}
+		wait := steerCheck
+		if failed {
+			retry = min(max(2*retry, time.Second), steerCheck)
+			wait = retry
+		} else {
+			retry = 0
+		}
+		t.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
+		case <-changes:
 		case <-t.C:
 		}
 	}

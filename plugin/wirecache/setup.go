@@ -44,6 +44,7 @@ func setup(c *caddy.Controller) error {
 			return plugin.Error(pluginName, fmt.Errorf("server block %q: %w", block, err))
 		}
 		wc.floorer = floorer
+		wc.bypass = blockBypassZones(cfg)
 		wc.metricsZones = blockMetricsZones(cfg, dnsserver.Directives)
 		if wc.FastPath && !wc.stepAside {
 			if reasons := fastPathReasons(cfg, dnsserver.Directives); len(reasons) > 0 {
@@ -128,6 +129,10 @@ func blockTTLFloorer(cfg *dnsserver.Config) (ttlFloorer, error) {
 	return floorer, nil
 }
 
+// maxStaleWait bounds serve_stale's WAIT: a client gives up on a query after a few seconds, so a longer wait
+// is a mistake.
+const maxStaleWait = time.Minute
+
 // maxTTL is the largest TTL RFC 2181 section 8 allows.
 const maxTTL = math.MaxInt32
 
@@ -194,7 +199,7 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 				}
 				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
 			case "serve_stale":
-				if len(args) > 2 {
+				if len(args) > 3 {
 					return nil, c.ArgErr()
 				}
 				wc.StaleFor, wc.StaleTTL = DefaultStaleFor, DefaultStaleTTL
@@ -212,6 +217,13 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 						return nil, c.Errf("serve_stale TTL: %q is not a whole number of seconds from 0s to %ds", args[1], maxTTL)
 					}
 					wc.StaleTTL = uint32(d / time.Second)
+				}
+				if len(args) > 2 {
+					d, err := time.ParseDuration(args[2])
+					if err != nil || d < 0 || d > maxStaleWait {
+						return nil, c.Errf("serve_stale WAIT: %q is not a duration from 0s to %s", args[2], maxStaleWait)
+					}
+					wc.StaleWait = d
 				}
 			case "repeats_only":
 				if len(args) != 0 {
@@ -239,4 +251,21 @@ func parseSeconds(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a number of seconds from 0 to %d", s, maxTTL)
 	}
 	return time.Duration(n) * time.Second, nil
+}
+
+// zoneBypasser is a handler whose zones no cache may hold (cache.ZoneBypasser: dynupdate's zones, whose
+// records change with every UPDATE): wirecache neither stores nor serves answers in them.
+type zoneBypasser interface {
+	CacheBypassZones() []string
+}
+
+// blockBypassZones returns the zones the block's handlers say no cache may hold.
+func blockBypassZones(cfg *dnsserver.Config) []string {
+	var zones []string
+	for _, h := range cfg.Handlers() {
+		if b, ok := h.(zoneBypasser); ok {
+			zones = append(zones, b.CacheBypassZones()...)
+		}
+	}
+	return zones
 }

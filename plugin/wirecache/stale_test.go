@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -199,6 +200,7 @@ func TestSetupServeStale(t *testing.T) {
 		wantErr string
 		d       time.Duration
 		ttl     uint32
+		wait    time.Duration
 	}{
 		{input: "wirecache"},
 		{input: "wirecache {\n serve_stale\n}", d: DefaultStaleFor, ttl: DefaultStaleTTL},
@@ -209,7 +211,11 @@ func TestSetupServeStale(t *testing.T) {
 		{input: "wirecache {\n serve_stale soon\n}", wantErr: "not a positive duration"},
 		{input: "wirecache {\n serve_stale 1h 5\n}", wantErr: "whole number of seconds"},
 		{input: "wirecache {\n serve_stale 1h 1500ms\n}", wantErr: "whole number of seconds"},
-		{input: "wirecache {\n serve_stale 1h 5s 5s\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n serve_stale 1h 5s 1s\n}", d: time.Hour, ttl: 5, wait: time.Second},
+		{input: "wirecache {\n serve_stale 1h 5s 0s\n}", d: time.Hour, ttl: 5},
+		{input: "wirecache {\n serve_stale 1h 5s 2m\n}", wantErr: "WAIT"},
+		{input: "wirecache {\n serve_stale 1h 5s soon\n}", wantErr: "WAIT"},
+		{input: "wirecache {\n serve_stale 1h 5s 1s 1s\n}", wantErr: "Wrong argument count"},
 		{input: "wirecache {\n serve_stale\n serve_stale 1h\n}", wantErr: "given twice"},
 	}
 	for _, tc := range tests {
@@ -224,9 +230,74 @@ func TestSetupServeStale(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if wc.StaleFor != tc.d || wc.StaleTTL != tc.ttl {
-				t.Errorf("serve_stale %v TTL %d, want %v and %d", wc.StaleFor, wc.StaleTTL, tc.d, tc.ttl)
+			if wc.StaleFor != tc.d || wc.StaleTTL != tc.ttl || wc.StaleWait != tc.wait {
+				t.Errorf("serve_stale %v TTL %d WAIT %v, want %v, %d and %v", wc.StaleFor, wc.StaleTTL, wc.StaleWait, tc.d, tc.ttl, tc.wait)
 			}
 		})
+	}
+}
+
+// hungChain is a chain whose answers wait until the test releases them, as an upstream that accepted the
+// query and is slow to answer; answered says when the reply was written (and so stored).
+type hungChain struct {
+	next     *chain
+	release  chan struct{}
+	answered chan struct{}
+	calls    atomic.Int64
+}
+
+func (h *hungChain) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	h.calls.Add(1)
+	<-h.release
+	defer func() { h.answered <- struct{}{} }()
+	return h.next.ServeDNS(ctx, w, r)
+}
+
+func (h *hungChain) Name() string { return "hung" }
+
+// TestServeStaleWait: with a WAIT, a query of an expired entry whose chain does not answer in time is answered
+// stale, queries meanwhile are answered stale without asking the chain again, and the chain's late answer
+// replaces the entry. When the chain answers within the wait, its answer goes to the client.
+func TestServeStaleWait(t *testing.T) {
+	f := newFixture(t)
+	f.wc.StaleFor, f.wc.StaleTTL = time.Hour, 7
+	req := newQuery("www.example.org.", dns.TypeA, 1232, false)
+	f.ask(req, udp4Client) // stored, lifetime 100 s
+
+	h := &hungChain{next: f.chain, release: make(chan struct{}), answered: make(chan struct{}, 1)}
+	f.wc.Next = h
+	f.wc.StaleWait = time.Millisecond // the chain is held until released, so the wait always runs out
+	f.now = t0.Add(101 * time.Second)
+	before := staleCount()
+	for i := range 3 {
+		got, rcode, err := f.serve(req, udp4Client)
+		if err != nil || rcode != dns.RcodeSuccess || got == nil || !allEqual(ttls(got), 7) {
+			t.Fatalf("query %d of the expired entry while the chain hangs: %v, rcode %d, %v; want the stale answer", i, got, rcode, err)
+		}
+	}
+	if n := h.calls.Load(); n > 1 {
+		t.Errorf("the chain was asked %d times while one refresh was under way", n)
+	}
+	if got := staleCount() - before; got != 3 {
+		t.Errorf("served stale counted %v, want 3", got)
+	}
+	close(h.release)
+	<-h.answered
+	// The late answer replaced the expired entry: a hit again, with its TTLs counted from its arrival.
+	reply, chainCalled := f.ask(req, udp4Client)
+	if chainCalled {
+		t.Error("the chain's late answer was not stored")
+	}
+	if got := answerTTLs(t, reply); !slices.Equal(got, []uint32{120, 100}) {
+		t.Errorf("TTLs after the refresh %v, want the refreshed answer's 120 100", got)
+	}
+
+	// A chain that answers within the wait gives the client its answer.
+	f.wc.StaleWait = time.Hour
+	f.now = f.now.Add(101 * time.Second)
+	go func() { <-h.answered }()
+	got, _, err := f.serve(req, udp4Client)
+	if err != nil || got == nil || !slices.Equal(ttls(got), []uint32{120, 100}) {
+		t.Errorf("refresh within the wait: %v, %v; want the chain's answer", got, err)
 	}
 }

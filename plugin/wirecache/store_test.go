@@ -214,3 +214,32 @@ func TestFootprint(t *testing.T) {
 		t.Errorf("an entry of %d bytes, %d records counts %d bytes, above maxEntryBytes %d", m.Len(), len(e.ttls), e.bytes, maxEntryBytes)
 	}
 }
+
+// TestStoreRemembersAsks: an answer stored again keeps its asks, whether it replaces its older self (a refresh)
+// or comes back after an eviction, so an answer asked for often is not put on probation by either.
+func TestStoreRemembersAsks(t *testing.T) {
+	s := newStore(1, maxEntryBytes) // one shard, one entry
+	hot, other := []byte("hot."), []byte("other.")
+	add := func(k []byte) *entry {
+		e := testEntry(string(k), 100, t0.Add(time.Hour))
+		s.add(s.hash(k), e, t0)
+		return e
+	}
+	add(hot)
+	for range 3 {
+		s.get(s.hash(hot), hot)
+	}
+	if got := add(hot).asked.Load(); got != 3 {
+		t.Errorf("a refresh of an entry asked 3 times has %d asks", got)
+	}
+	add(other) // evicts hot, the only entry, taking one ask
+	if asked, ok := s.ghost(s.hash(hot)); !ok || asked != 2 {
+		t.Fatalf("the evicted entry's ghost: %d asks, %v; want 2", asked, ok)
+	}
+	if got := add(hot).asked.Load(); got != 3 || got < protectedAsks {
+		t.Errorf("an entry stored again after its eviction has %d asks, want 3 (its 2 and this one)", got)
+	}
+	if got := add(other).asked.Load(); got != 1 {
+		t.Errorf("an entry evicted without asks and stored again has %d asks, want 1", got)
+	}
+}

@@ -50,9 +50,12 @@ type WireCache struct {
 	MaxTTL    time.Duration
 
 	// StaleFor, when positive, keeps an entry that expired up to this long, to answer its query when the
-	// plugin chain fails (RFC 8767, serve-stale); StaleTTL is the TTL of such an answer.
-	StaleFor time.Duration
-	StaleTTL uint32
+	// plugin chain fails (RFC 8767, serve-stale); StaleTTL is the TTL of such an answer. StaleWait, when
+	// positive, is how long such a query waits for the chain before the entry answers (the chain's answer,
+	// when it comes, still replaces the entry); zero waits for the chain to answer or fail.
+	StaleFor  time.Duration
+	StaleTTL  uint32
+	StaleWait time.Duration
 
 	// RepeatsOnly stores an answer only when its question was asked before (see doorkeeper), so that names
 	// asked once are not held by both wirecache and the cache plugin.
@@ -67,6 +70,8 @@ type WireCache struct {
 	// metricsZones, set at startup when the block's prometheus plugin runs after wirecache, are that plugin's
 	// zones; hits are then counted in CoreDNS's own series too (see coreSeries). Nil otherwise.
 	metricsZones []string
+	// bypass, set at startup, are the zones the block's handlers say no cache may hold (zoneBypasser).
+	bypass []string
 	// FastPath lets the block's hits be answered by the fast path (see fastpath.go) where it qualifies;
 	// fast, set at startup when it does, are the fast paths of the instance.
 	FastPath bool
@@ -153,6 +158,9 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 		}
 	}
 	m.misses.Inc()
+	if stale != nil && wc.StaleWait > 0 {
+		return wc.refreshStale(ctx, w, r, stale, h, string(key[:n]), &q, now, m)
+	}
 
 	// An expired entry's question is a repeat; so is every question without repeats_only.
 	keep := stale != nil || wc.doorkeeper == nil || wc.doorkeeper.seen(h)
@@ -169,6 +177,115 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 		}
 	}
 	return rcode, err
+}
+
+// refreshStale asks the chain for the query of stale, an expired entry kept for serve_stale, in the
+// background, and waits up to StaleWait for its answer (RFC 8767 section 5, the client response timer):
+// an answer that refreshes the entry goes to the client; a failure, or no answer in time, has the entry
+// answer with the stale TTL. The chain's answer, whenever it comes, replaces the entry as a miss's would.
+// One such refresh runs per entry at a time; queries of the entry meanwhile are answered stale at once.
+func (wc *WireCache) refreshStale(ctx context.Context, w dns.ResponseWriter, r *dns.Msg, stale *entry, h uint64, key string, q *query, now time.Time, m *serverMetrics) (int, error) {
+	if !stale.refreshing.CompareAndSwap(false, true) {
+		if served, err := wc.serveStale(w, stale, q, m); served {
+			return dns.RcodeSuccess, err
+		}
+		// The stale reply would need truncation: this client waits for the chain, as without a wait.
+		return wc.replay(w, <-wc.askDetached(ctx, w, r, h, key, q, now, m, nil))
+	}
+	done := wc.askDetached(ctx, w, r, h, key, q, now, m, stale)
+	timer := time.NewTimer(wc.StaleWait)
+	defer timer.Stop()
+	select {
+	case res := <-done:
+		if (res.msg != nil && refreshed(res.msg)) || res.raw != nil {
+			return wc.replay(w, res)
+		}
+		if served, err := wc.serveStale(w, stale, q, m); served {
+			return dns.RcodeSuccess, err
+		}
+		return wc.replay(w, res)
+	case <-timer.C:
+		if served, err := wc.serveStale(w, stale, q, m); served {
+			return dns.RcodeSuccess, err
+		}
+		return wc.replay(w, <-done)
+	}
+}
+
+// chainResult is what the plugin chain did with a query asked in the background: the first reply it wrote
+// (a message or raw bytes, nil when it wrote none) and what it returned.
+type chainResult struct {
+	msg   *dns.Msg
+	raw   []byte
+	rcode int
+	err   error
+}
+
+// askDetached runs the chain for a copy of r on a goroutine of its own, writing to a detachedWriter instead of
+// w, so that it may go on after the client was answered; a reply it writes is stored as a miss's is. The
+// result arrives on the channel; refreshing, when not nil, is the entry whose refresh this is, released then.
+func (wc *WireCache) askDetached(ctx context.Context, w dns.ResponseWriter, r *dns.Msg, h uint64, key string, q *query, now time.Time, m *serverMetrics, refreshing *entry) <-chan chainResult {
+	dw := &detachedWriter{local: w.LocalAddr(), remote: w.RemoteAddr()}
+	rec := &recorder{ResponseWriter: dw, wc: wc, metrics: m, hash: h, query: *q, key: key, now: now, keep: true}
+	req := r.Copy() // the server may reuse r once the client is answered
+	done := make(chan chainResult, 1)
+	go func() {
+		rcode, err := plugin.NextOrFailure(wc.Name(), wc.Next, context.WithoutCancel(ctx), rec, req)
+		if err != nil {
+			rec.forget()
+		}
+		if refreshing != nil {
+			refreshing.refreshing.Store(false)
+		}
+		done <- chainResult{msg: dw.msg, raw: dw.raw, rcode: rcode, err: err}
+	}()
+	return done
+}
+
+// replay gives the client what the chain did with its query: the reply it wrote, or its rcode and error.
+func (wc *WireCache) replay(w dns.ResponseWriter, res chainResult) (int, error) {
+	switch {
+	case res.msg != nil:
+		if err := w.WriteMsg(res.msg); err != nil {
+			return dns.RcodeServerFailure, plugin.Error(pluginName, err)
+		}
+	case res.raw != nil:
+		if _, err := w.Write(res.raw); err != nil {
+			return dns.RcodeServerFailure, plugin.Error(pluginName, err)
+		}
+	}
+	return res.rcode, res.err
+}
+
+// detachedWriter is the writer of a query the chain answers in the background: it keeps the first reply
+// instead of sending it, and the client's addresses, read before the client's own writer may be reused.
+type detachedWriter struct {
+	local, remote net.Addr
+	msg           *dns.Msg
+	raw           []byte
+}
+
+func (d *detachedWriter) LocalAddr() net.Addr  { return d.local }
+func (d *detachedWriter) RemoteAddr() net.Addr { return d.remote }
+func (d *detachedWriter) Close() error         { return nil }
+func (d *detachedWriter) TsigStatus() error    { return nil }
+func (d *detachedWriter) TsigTimersOnly(bool)  {}
+func (d *detachedWriter) Hijack()              {}
+
+// WriteMsg keeps m if it is the first reply.
+func (d *detachedWriter) WriteMsg(m *dns.Msg) error {
+	if d.msg == nil && d.raw == nil {
+		d.msg = m
+	}
+	return nil
+}
+
+// Write keeps a copy of b if it is the first reply.
+func (d *detachedWriter) Write(b []byte) (int, error) {
+	if d.msg == nil && d.raw == nil {
+		d.raw = append([]byte(nil), b...)
+	}
+	return len(b), nil
 }
 
 // refreshed reports whether res, the chain's reply to a query whose entry has expired, replaces that
@@ -212,6 +329,9 @@ func (wc *WireCache) serverMetrics(ctx context.Context) *serverMetrics {
 }
 
 func (wc *WireCache) inZones(r *dns.Msg) bool {
+	if len(wc.bypass) > 0 && (len(r.Question) == 0 || plugin.Zones(wc.bypass).Matches(r.Question[0].Name) != "") {
+		return false
+	}
 	if wc.allZones {
 		return true
 	}

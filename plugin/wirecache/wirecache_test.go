@@ -372,3 +372,30 @@ func TestHitsKeepClampWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestBypassZonesAreNotCached: a zone a handler of the block says no cache may hold (cache.ZoneBypasser, as
+// dynupdate says of the zones it updates) is neither stored nor served, the rest of the block as usual.
+func TestBypassZonesAreNotCached(t *testing.T) {
+	port := freePort(t)
+	startCoreDNS(t, fmt.Sprintf(`example.org:%d {
+    bind 127.0.0.1
+    wirecache {
+        fastpath off
+    }
+    %s bypass dyn.example.org
+    template IN A example.org {
+        answer "{{ .Name }} 60 IN A 192.0.2.9"
+    }
+}
+`, port, testOptionDirective))
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	server := "dns://" + addr
+	before := counterValue(t, hitsTotal, server)
+	for range 2 {
+		askA(t, addr, "host.dyn.example.org.")
+		askA(t, addr, "host.example.org.")
+	}
+	if got := counterValue(t, hitsTotal, server) - before; got != 1 {
+		t.Errorf("%v hits, want 1: the second host.example.org, and never a name in dyn.example.org", got)
+	}
+}

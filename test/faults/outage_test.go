@@ -308,7 +308,8 @@ func TestClusterDNSOutage(t *testing.T) {
 
 	// What an alert sees: stale answers, fast failures and failed health checks of kube-dns-upstream.
 	zone := `zones="cluster.local."`
-	stale := r.mustScrape(cacheMetrics, "coredns_cache_served_stale_total", zone)
+	// wirecache is the shipped blocks' only cache; its series has a server label, no zone.
+	stale := r.mustScrape(cacheMetrics, "coredns_wirecache_served_stale_total", "")
 	fast := r.mustScrape(cacheMetrics, "coredns_upstreamsvc_failfast_total", zone)
 	checks := r.mustScrape(cacheMetrics, "coredns_proxy_healthcheck_failures_total", `proxy_name="upstreamsvc"`)
 	if stale == 0 || fast == 0 || checks == 0 {

@@ -173,42 +173,68 @@ forward . {{ index . 0 }}
 {{- end }}
 {{- end -}}
 
-{{/* serve_stale of cache and wirecache, and prefetch, as the values set them. */}}
+{{/*
+serve_stale of wirecache (DURATION TTL WAIT) and of the cache plugin (DURATION verify WAIT TTL), as
+serveStale sets them; corefile.Template's wireCacheServeStale and cacheServeStale.
+*/}}
+{{- define "node-local-dns.wirecacheServeStale" -}}
+{{- with .Values.serveStale }}serve_stale {{ .for }} {{ .ttl }} {{ .verify }}{{ end -}}
+{{- end -}}
 {{- define "node-local-dns.cacheServeStale" -}}
 {{- with .Values.serveStale }}serve_stale {{ .for }} verify {{ .verify }} {{ .ttl }}{{ end -}}
 {{- end -}}
-{{- define "node-local-dns.prefetch" -}}
-{{- with .Values.cache.prefetch }}{{ if .enabled }}prefetch {{ .amount }} {{ .duration }} {{ .percentage }}%{{ end }}{{ end -}}
-{{- end -}}
 
-{{/* The cache directive of a block other than the cluster domain's: (list ROOT TTL). */}}
-{{- define "node-local-dns.otherCache" -}}
-{{- $ctx := index . 0 -}}
-{{- $lines := list (include "node-local-dns.prefetch" $ctx) (include "node-local-dns.cacheServeStale" $ctx) | compact -}}
-cache {{ index . 1 }}
-{{- if $lines }} {
-{{- range $lines }}
-    {{ . }}
-{{- end }}
-}
-{{- end }}
+{{/*
+A size in KiB as internal/bytesize.Format writes it: in the largest unit it is a whole number of (GiB, MiB,
+KiB).
+*/}}
+{{- define "node-local-dns.kib" -}}
+{{- if eq (mod . 1048576) 0 -}}{{ div . 1048576 }}GiB
+{{- else if eq (mod . 1024) 0 -}}{{ div . 1024 }}MiB
+{{- else -}}{{ . }}KiB
+{{- end -}}
 {{- end -}}
 
 {{/*
-The directives every block starts with: errors, then log or wirecache. (list ROOT LOG [CACHED]): a block
-without a cache (CACHED false) has no wirecache either.
+A server block's wirecache, its only cache: (list ROOT KIB), at most KIB KiB of answers (its share of
+cacheMemoryMiB), an entry count that lets the bytes bind first (one per 400 bytes), and serve_stale;
+corefile.Template's wireCache.
 */}}
-{{- define "node-local-dns.head" -}}
-{{- $ctx := index . 0 -}}
-errors
-{{- if index . 1 }}
-log
-{{- else if or (lt (len .) 3) (index . 2) }}
+{{- define "node-local-dns.wirecache" -}}
+{{- $kib := index . 1 -}}
 wirecache {
-    serve_stale {{ $ctx.Values.serveStale.for }} {{ $ctx.Values.serveStale.ttl }}
-    repeats_only
+    capacity {{ div (mul $kib 1024) 400 }}
+    max_memory {{ include "node-local-dns.kib" $kib }}
+    {{ include "node-local-dns.wirecacheServeStale" (index . 0) }}
 }
-{{- end }}
+{{- end -}}
+
+{{/* A clamp directive: (list SUCCESS-MIN SUCCESS-MAX DENIAL-MIN DENIAL-MAX), TTLs in seconds. */}}
+{{- define "node-local-dns.clamp" -}}
+clamp {
+    success {{ index . 0 }} {{ index . 1 }}
+    denial {{ index . 2 }} {{ index . 3 }}
+}
+{{- end -}}
+
+{{/*
+The cache of a block other than the cluster domain's: (list ROOT KIB TTL), its wirecache with KIB KiB of the
+budget, and clamp keeping every TTL inside [5, TTL] (TTL itself when it is lower), the window of its answers
+and of wirecache's entries; corefile.Template's `other`.
+*/}}
+{{- define "node-local-dns.otherCache" -}}
+{{- $ttl := int (index . 2) -}}
+{{ include "node-local-dns.wirecache" (list (index . 0) (index . 1)) }}
+{{ include "node-local-dns.clamp" (list (min 5 $ttl) $ttl (min 5 $ttl) $ttl) }}
+{{- end -}}
+
+{{/*
+The cache plugin's prefetch, where the cache plugin still caches: the cluster domain's block with queryLog,
+where wirecache steps aside. Elsewhere wirecache is the only cache and has no prefetch, so prefetch without
+queryLog is refused rather than left out.
+*/}}
+{{- define "node-local-dns.prefetch" -}}
+{{- with .Values.cache.prefetch }}{{ if .enabled }}prefetch {{ .amount }} {{ .duration }} {{ .percentage }}%{{ end }}{{ end -}}
 {{- end -}}
 
 {{/* The directives after the cache in every block: hosts, reload, loop and bind. */}}
@@ -236,31 +262,41 @@ bind __PILLAR__LOCAL__DNS__{{ if include "node-local-dns.takesClusterIP" . }} __
 {{- end -}}
 
 {{/*
-The Corefile template of the node-local-dns ConfigMap. With the cache, serveStale and queryLog values alone
-set it is corefile.Template of the configuration they describe (examples/kubernetes's tests check it); hosts,
-prefetch, forward, zones and extraServerBlocks add to it what that package does not write. node-cache fills
-in the __PILLAR__ and __PROMETHEUS__ variables from its flags, adds notrack after every bind and turns
-`forward . __PILLAR__CLUSTER__DNS__` into upstreamsvc.
+The Corefile template of the node-local-dns ConfigMap. With cacheMemoryMiB and the cache, serveStale and
+queryLog values alone set it is corefile.Template of the configuration they describe (examples/kubernetes's
+tests check it): wirecache is each block's only cache, with its share of cacheMemoryMiB (corefile's
+blockShares: 10/16 to the cluster domain, 4/16 to `.`, 1/16 to each reverse zone), and clamp bounds the TTLs;
+with queryLog the cluster domain's block has log and the cache plugin instead of wirecache. hosts, prefetch,
+forward, zones (each a block like a stub domain's: `.`'s share and clamp) and extraServerBlocks add to it what
+that package does not write. node-cache fills in the __PILLAR__ and __PROMETHEUS__ variables from its flags,
+adds notrack after every bind and turns `forward . __PILLAR__CLUSTER__DNS__` into upstreamsvc.
 */}}
 {{- define "node-local-dns.corefile" -}}
 {{- $clusterForward := include "node-local-dns.forward" (list "__PILLAR__CLUSTER__DNS__" "force_tcp") -}}
 {{- $c := .Values.cache -}}
+{{- /* A sixteenth of the budget, in KiB. */ -}}
+{{- $kib := mul (int .Values.cacheMemoryMiB) 64 -}}
+{{- if and $c.prefetch.enabled (not .Values.queryLog) -}}
+{{- fail "cache.prefetch.enabled: prefetch is the cache plugin's, which caches only the cluster domain's block and only with queryLog=true; everywhere else wirecache is the only cache, and it has no prefetch" -}}
+{{- end -}}
 {{ .Values.domain }}:53 {
-    {{- include "node-local-dns.head" (list . .Values.queryLog) | nindent 4 }}
-    clamp {
-        success 5 {{ $c.success.ttl }}
-        denial 5 {{ $c.denial.ttl }}
-    }
+    errors
+    {{- if .Values.queryLog }}
+    log
+    {{- else }}
+    {{- include "node-local-dns.wirecache" (list . (mul $kib 10)) | nindent 4 }}
+    {{- end }}
+    {{- include "node-local-dns.clamp" (list 5 $c.success.ttl 5 $c.denial.ttl) | nindent 4 }}
+    {{- if .Values.queryLog }}
     cache {
         success {{ $c.success.capacity }} {{ $c.success.ttl }}
         denial {{ $c.denial.capacity }} {{ $c.denial.ttl }}
         {{- with include "node-local-dns.prefetch" . }}
         {{ . }}
         {{- end }}
-        {{- with include "node-local-dns.cacheServeStale" . }}
-        {{ . }}
-        {{- end }}
+        {{ include "node-local-dns.cacheServeStale" . }}
     }
+    {{- end }}
     {{- include "node-local-dns.tail" . | nindent 4 }}
     {{- $clusterForward | nindent 4 }}
     prometheus __PROMETHEUS__ENDPOINT__
@@ -270,8 +306,8 @@ in the __PILLAR__ and __PROMETHEUS__ variables from its flags, adds notrack afte
 {{- range list "in-addr.arpa" "ip6.arpa" }}
 
 {{ . }}:53 {
-    {{- include "node-local-dns.head" (list $ false) | nindent 4 }}
-    {{- include "node-local-dns.otherCache" (list $ $c.otherTTL) | nindent 4 }}
+    errors
+    {{- include "node-local-dns.otherCache" (list $ $kib $c.otherTTL) | nindent 4 }}
     {{- include "node-local-dns.tail" $ | nindent 4 }}
     {{- $clusterForward | nindent 4 }}
     prometheus __PROMETHEUS__ENDPOINT__
@@ -279,8 +315,8 @@ in the __PILLAR__ and __PROMETHEUS__ variables from its flags, adds notrack afte
 {{- end }}
 
 .:53 {
-    {{- include "node-local-dns.head" (list . false) | nindent 4 }}
-    {{- include "node-local-dns.otherCache" (list . $c.otherTTL) | nindent 4 }}
+    errors
+    {{- include "node-local-dns.otherCache" (list . (mul $kib 4) $c.otherTTL) | nindent 4 }}
     {{- include "node-local-dns.tail" . | nindent 4 }}
     {{- $upstreams := .Values.forward.upstreams | default (list "__PILLAR__UPSTREAM__SERVERS__") }}
     {{- include "node-local-dns.forward" (list (join " " $upstreams) (include "node-local-dns.forwardOptions" .Values.forward.options)) | nindent 4 }}
@@ -292,10 +328,10 @@ in the __PILLAR__ and __PROMETHEUS__ variables from its flags, adds notrack afte
 {{- if not .servers }}{{ fail (printf "zones: %s has no servers" $names) }}{{ end }}
 
 {{ range $i, $z := splitList " " $names }}{{ if $i }} {{ end }}{{ $z }}:53{{ end }} {
+    errors
     {{- $ttl := ternary .cacheTTL $c.otherTTL (hasKey . "cacheTTL") }}
-    {{- include "node-local-dns.head" (list $ false (ne (int $ttl) 0)) | nindent 4 }}
     {{- if $ttl }}
-    {{- include "node-local-dns.otherCache" (list $ $ttl) | nindent 4 }}
+    {{- include "node-local-dns.otherCache" (list $ (mul $kib 4) $ttl) | nindent 4 }}
     {{- end }}
     {{- include "node-local-dns.tail" $ | nindent 4 }}
     {{- include "node-local-dns.forward" (list (join " " .servers) (include "node-local-dns.forwardOptions" (.options | default dict))) | nindent 4 }}

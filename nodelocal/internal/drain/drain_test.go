@@ -272,3 +272,35 @@ func TestPreferAndYieldLeaveATakeoverAlone(t *testing.T) {
 		t.Errorf("the preferred socket got %d of 16 packets", got)
 	}
 }
+
+// A subscriber to Changes hears a successor queueing and leaving, and nothing when nothing changed.
+func TestChangesAnnounceTheSuccessor(t *testing.T) {
+	c, stop := Changes()
+	defer stop()
+	heard := func() bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	SetSuccessorQueued(true)
+	if !heard() || !SuccessorQueued() {
+		t.Error("a successor queued: not announced")
+	}
+	SetSuccessorQueued(true)
+	if heard() {
+		t.Error("announced again with nothing changed")
+	}
+	SetSuccessorQueued(false)
+	if !heard() || SuccessorQueued() {
+		t.Error("the successor left: not announced")
+	}
+	stop()
+	SetSuccessorQueued(true)
+	defer SetSuccessorQueued(false)
+	if heard() {
+		t.Error("announced after the subscription ended")
+	}
+}

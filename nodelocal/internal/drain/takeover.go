@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,11 +22,63 @@ import (
 // sockets again, which drop what is queued on them when they close.
 //
 // The takeovers are the process's: the group's program is one per group whoever sets it, so whoever sets it
-// in this process must know. They are the only state of this package.
+// in this process must know. They, the subscribers to Changes and
+// whether a successor is queued are the only state of this package.
 var takeovers = struct {
 	mu    sync.Mutex
 	addrs map[netip.AddrPort]bool
 }{addrs: map[netip.AddrPort]bool{}}
+
+// changes are the subscribers to Changes.
+var changes = struct {
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{}
+}{subs: map[chan struct{}]struct{}{}}
+
+// Changes returns a channel that gets a value (at most one waits) whenever this process learns that
+// another process may have joined or left its reuseport groups, or that a takeover began or ended (see
+// Announce), so that a user that steers a group (the fast path) looks again at once instead of polling;
+// and a function that ends the subscription.
+func Changes() (<-chan struct{}, func()) {
+	c := make(chan struct{}, 1)
+	changes.mu.Lock()
+	changes.subs[c] = struct{}{}
+	changes.mu.Unlock()
+	return c, func() {
+		changes.mu.Lock()
+		delete(changes.subs, c)
+		changes.mu.Unlock()
+	}
+}
+
+// successorQueued is set while a successor waits at this process's node lock (SetSuccessorQueued).
+var successorQueued atomic.Bool
+
+// SetSuccessorQueued records whether a successor waits to take this process's node over, and announces a
+// change: its sockets join the groups as soon as it serves, and a fast path must give its group back to the
+// kernel's hash before the successor's probes arrive, or they would land on the fast path's socket only.
+func SetSuccessorQueued(queued bool) {
+	if successorQueued.Swap(queued) != queued {
+		Announce()
+	}
+}
+
+// SuccessorQueued reports whether a successor waits to take this process's node over.
+func SuccessorQueued() bool { return successorQueued.Load() }
+
+// Announce tells the subscribers of Changes that the groups may have changed: a successor queued at the
+// node lock or left it (nodelocal's Succession hears that), or a takeover began or ended (TakeOver and
+// EndTakeOver announce it themselves).
+func Announce() {
+	changes.mu.Lock()
+	defer changes.mu.Unlock()
+	for c := range changes.subs {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // TakeOver steers every new UDP packet for local to this process and, when the group has other sockets (an
 // older process's), records that this process owns the group's program until EndTakeOver. It returns how
@@ -53,6 +106,7 @@ func TakeOver(local netip.AddrPort) (int, error) {
 	}
 	if others > 0 {
 		takeovers.addrs[unmapped(local)] = true
+		defer Announce()
 	}
 	return len(group), nil
 }
@@ -60,6 +114,7 @@ func TakeOver(local netip.AddrPort) (int, error) {
 // EndTakeOver gives the group of local back to the kernel's hash and ends the takeover: the older
 // process's sockets are gone (or the takeover failed), and the fast path may steer the group again.
 func EndTakeOver(local netip.AddrPort) error {
+	defer Announce()
 	takeovers.mu.Lock()
 	defer takeovers.mu.Unlock()
 	delete(takeovers.addrs, unmapped(local))

@@ -97,6 +97,7 @@ func Queue(path string) (*Successor, error) {
 		return nil, fmt.Errorf("node lock: flock %s: %w", path, err)
 	}
 	owner, _ := readHolder(f)
+	_ = ring(f) // the owner looks now and then too
 	return &Successor{path: path, f: f, Owner: owner}, nil
 }
 
@@ -116,6 +117,7 @@ func (s *Successor) Ready() error {
 		}
 		return fmt.Errorf("node lock: mark the successor ready at %s: %w", s.path, err)
 	}
+	_ = ring(s.f)
 	return nil
 }
 
@@ -169,6 +171,10 @@ func (s *Successor) Close() error {
 	}
 	f := s.f
 	s.f = nil
+	// Unlocked first, so that the owner the bell wakes finds the line empty.
+	_ = setRangeLock(f, readyByte, unix.F_UNLCK)
+	_ = setRangeLock(f, queueByte, unix.F_UNLCK)
+	_ = ring(f)
 	return f.Close()
 }
 
