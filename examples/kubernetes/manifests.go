@@ -12,6 +12,7 @@ import (
 	"regexp"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -83,10 +84,12 @@ var Manifests = []Manifest{
 // generatedNote ends every manifest's header.
 const generatedNote = `#
 # Generated from charts/node-local-dns (helm template node-local-dns charts/node-local-dns --namespace
-# kube-system -f charts/node-local-dns/%s); edit the chart, not this file, and regenerate with
+# kube-system --no-hooks -f charts/node-local-dns/%s); edit the chart, not this file, and regenerate with
 # go test ./examples/kubernetes -run TestManifestsAreTheChart -update. It carries kubeadm's defaults
 # (cluster domain cluster.local, kube-dns ClusterIP 10.96.0.10) and the image
-# ghcr.io/nodelocaldns/node-cache; README.md says how to change them.
+# ghcr.io/nodelocaldns/node-cache; README.md says how to change them. Without helm's uninstall hook, delete
+# the DaemonSet first and wait for its Pods (kubectl delete ds node-local-dns -n kube-system
+# --cascade=foreground --wait), then the rest: README.md, "Uninstalling".
 `
 
 // FullHeader is the comment the manifest file starts with: Header and where the file comes from.
@@ -100,6 +103,7 @@ type Objects struct {
 	Services        []*corev1.Service
 	ConfigMaps      []*corev1.ConfigMap
 	DaemonSets      []*appsv1.DaemonSet
+	Jobs            []*batchv1.Job
 	ServiceMonitors []*ServiceMonitor
 	PrometheusRules []*PrometheusRule
 }
@@ -118,10 +122,23 @@ type ServiceMonitor struct {
 			MatchNames []string `json:"matchNames"`
 		} `json:"namespaceSelector"`
 		Endpoints []struct {
-			Port     string `json:"port"`
-			Interval string `json:"interval"`
+			Port              string          `json:"port"`
+			Interval          string          `json:"interval"`
+			Relabelings       []RelabelConfig `json:"relabelings,omitempty"`
+			MetricRelabelings []RelabelConfig `json:"metricRelabelings,omitempty"`
 		} `json:"endpoints"`
 	} `json:"spec"`
+}
+
+// RelabelConfig is a Prometheus relabeling as prometheus-operator's RelabelConfig spells it.
+type RelabelConfig struct {
+	SourceLabels []string `json:"sourceLabels,omitempty"`
+	Separator    string   `json:"separator,omitempty"`
+	TargetLabel  string   `json:"targetLabel,omitempty"`
+	Regex        string   `json:"regex,omitempty"`
+	Modulus      uint64   `json:"modulus,omitempty"`
+	Replacement  *string  `json:"replacement,omitempty"`
+	Action       string   `json:"action,omitempty"`
 }
 
 // PrometheusRule is the part of prometheus-operator's PrometheusRule the chart writes.
@@ -197,6 +214,9 @@ func Decode(data []byte) (*Objects, error) {
 		case "DaemonSet":
 			o := &appsv1.DaemonSet{}
 			objs.DaemonSets, obj, want = append(objs.DaemonSets, o), o, appsv1.SchemeGroupVersion.String()
+		case "Job":
+			o := &batchv1.Job{}
+			objs.Jobs, obj, want = append(objs.Jobs, o), o, batchv1.SchemeGroupVersion.String()
 		case "ServiceMonitor":
 			o := &ServiceMonitor{}
 			objs.ServiceMonitors, obj, want = append(objs.ServiceMonitors, o), o, MonitoringAPIVersion

@@ -1,6 +1,7 @@
 // Package kubeapi holds the tests that need a real Kubernetes API server (etcd and kube-apiserver, run by
 // internal/kubeapi on loopback): the shipped manifests and the Helm chart (rendered with its defaults and each
-// ci values file, without its prometheus-operator kinds) created with strict field validation, and the
+// ci values file, one of which sets every knob, without its prometheus-operator kinds) created with strict
+// field validation, its uninstall run by helm with the order its pre-delete hook promises, and the
 // upstreamsvc plugin, in a node-cache process, following kube-dns-upstream with the token and Role those
 // manifests give it.
 //

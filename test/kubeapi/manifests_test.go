@@ -20,10 +20,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	manifests "github.com/nodelocaldns/nodelocaldns/examples/kubernetes"
 	"github.com/nodelocaldns/nodelocaldns/internal/helmtest"
 	"github.com/nodelocaldns/nodelocaldns/internal/kubeapi"
 )
@@ -60,8 +62,9 @@ var prometheusOperatorKinds = []schema.GroupKind{
 }
 
 // TestChartStrict does for the Helm chart what TestManifestsStrict does for the manifests: `helm template`
-// with the defaults and with each of its ci/*-values.yaml, every object created with fieldValidation=Strict,
-// failing on any warning, read back and deleted before the next values file. Objects of
+// with the defaults, with each of its ci/*-values.yaml (knobs-values.yaml sets every knob) and with
+// trafficDistribution PreferSameZone, every object created with fieldValidation=Strict, failing on any
+// warning, read back (kube-dns-upstream's trafficDistribution kept) and deleted before the next values file. Objects of
 // prometheusOperatorKinds are skipped; any other kind the API does not serve fails the test, and so does an
 // exclusion that no longer skips anything.
 func TestChartStrict(t *testing.T) {
@@ -74,6 +77,8 @@ func TestChartStrict(t *testing.T) {
 	for _, v := range helmtest.CIValues(t) {
 		cases = append(cases, chartCase{name: filepath.Base(v), args: []string{"-f", v}})
 	}
+	// ci/knobs-values.yaml sets PreferSameNode.
+	cases = append(cases, chartCase{name: "trafficDistribution PreferSameZone", args: []string{"--set", "upstreamTrafficDistribution=PreferSameZone"}})
 	// Rendered first: without helm the test skips (or fails) before an API server starts.
 	for i := range cases {
 		out, err := helmtest.Template(t, cases[i].args...)
@@ -84,6 +89,7 @@ func TestChartStrict(t *testing.T) {
 	}
 	s := kubeapi.Start(t)
 	a := newApplier(t, s.AdminConfig())
+	admin := kubernetes.NewForConfigOrDie(s.AdminConfig())
 	skipped := map[schema.GroupKind]bool{}
 	ran := 0
 	for _, c := range cases {
@@ -91,6 +97,7 @@ func TestChartStrict(t *testing.T) {
 			for _, gk := range a.createAll(t, c.stream, prometheusOperatorKinds) {
 				skipped[gk] = true
 			}
+			checkTrafficDistribution(t, admin, c.stream)
 			ran++
 		})
 	}
@@ -101,6 +108,33 @@ func TestChartStrict(t *testing.T) {
 		if !skipped[gk] {
 			t.Errorf("no values file renders a %s, which this test excludes; drop it from prometheusOperatorKinds (and the README)", gk)
 		}
+	}
+}
+
+// checkTrafficDistribution reads kube-dns-upstream back and checks that it kept the trafficDistribution the
+// chart gave it: a field behind a feature gate that is off is dropped without an error or a warning.
+func checkTrafficDistribution(t *testing.T, admin kubernetes.Interface, stream []byte) {
+	t.Helper()
+	objs, err := manifests.Decode(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := objs.Service("kube-dns-upstream")
+	if want == nil {
+		t.Fatal("the chart renders no kube-dns-upstream")
+	}
+	got, err := admin.CoreV1().Services(want.Namespace).Get(context.Background(), want.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deref := func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	}
+	if w, g := deref(want.Spec.TrafficDistribution), deref(got.Spec.TrafficDistribution); w != g {
+		t.Errorf("kube-dns-upstream: trafficDistribution %q created, %q read back", w, g)
 	}
 }
 
@@ -138,7 +172,9 @@ func (a *applier) createAll(t *testing.T, stream []byte, unserved []schema.Group
 	var created []string
 	t.Cleanup(func() {
 		for _, c := range slices.Backward(created) {
-			if err := a.do(http.MethodDelete, c, "", nil); err != nil {
+			// Background: the test API server runs no garbage collector, which a Job's default (orphan)
+			// propagation waits for, so the next values file could not create it again.
+			if err := a.do(http.MethodDelete, c, backgroundDeletion, nil); err != nil {
 				t.Errorf("deleting %s: %v", c, err)
 			}
 		}
@@ -186,6 +222,7 @@ func (a *applier) createAll(t *testing.T, stream []byte, unserved []schema.Group
 				t.Errorf("%s has no namespace; it would land in the namespace of whoever applies it", what)
 				head.Metadata.Namespace = "default"
 			}
+			a.ensureNamespace(t, head.Metadata.Namespace)
 			collection += "/namespaces/" + head.Metadata.Namespace
 		}
 		collection += "/" + mapping.Resource.Resource
@@ -210,6 +247,24 @@ func (a *applier) createAll(t *testing.T, stream []byte, unserved []schema.Group
 		}
 	}
 	return skipped
+}
+
+// backgroundDeletion is the body of a DELETE that deletes the object at once, leaving its dependents to the
+// garbage collector.
+const backgroundDeletion = `{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Background"}`
+
+// ensureNamespace creates namespace unless it exists (the chart puts its ServiceMonitor and dashboard where
+// the values say, e.g. monitoring). It stays: the test API server runs no namespace controller to finish
+// deleting one.
+func (a *applier) ensureNamespace(t *testing.T, namespace string) {
+	t.Helper()
+	if a.do(http.MethodGet, "/api/v1/namespaces/"+namespace, "", nil) == nil {
+		return
+	}
+	body := fmt.Sprintf(`{"apiVersion":"v1","kind":"Namespace","metadata":{"name":%q}}`, namespace)
+	if err := a.do(http.MethodPost, "/api/v1/namespaces", body, nil); err != nil {
+		t.Fatalf("creating namespace %s: %v", namespace, err)
+	}
 }
 
 // do sends one request; a YAML body goes as application/yaml, as written. It returns the API's Status
