@@ -211,12 +211,8 @@ echo "median over $ROUNDS rounds; q/s also as the ratio to upstream's Corefile i
 printf '%-9s %9s %6s %8s %9s %6s %8s %8s %8s %8s %8s %9s %6s %9s %9s %6s\n' variant "hits q/s" ratio "µs/q" "mixed q/s" ratio "µs/q" \
     "µs/miss" "p50 ms" "p99 ms" "µs/q" "µs/miss" conns "loaded/s" "µs/miss" failed
 for variant in "${variants[@]}"; do
-    awk -v v="$variant" '
+    awk -v v="$variant" "$simnode_awk_median"'
         function ratio(r) { return r > 0 ? sprintf("%.2fx", r) : "-" }
-        function median(a, n,    i, j, x) {
-            for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
-            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-        }
         $2 == "upstream" { uh[$1] = $3; um[$1] = $5 }
         $2 == v { n++; r[n] = $1; for (f = 3; f <= 15; f++) c[f, n] = $f }
         END {

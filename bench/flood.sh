@@ -194,11 +194,7 @@ echo
 echo "median over $ROUNDS rounds (MiB):"
 printf '%-9s %10s %10s %10s\n' variant start peak end
 for variant in "${variants[@]}"; do
-    awk -v v="$variant" '
-        function median(a, n,    i, j, x) {
-            for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
-            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-        }
+    awk -v v="$variant" "$simnode_awk_median"'
         $1 == v { n++; s[n] = $2; p[n] = $3; e[n] = $4 }
         END { printf "%-9s %10.1f %10.1f %10.1f\n", v, median(s, n) / 1024, median(p, n) / 1024, median(e, n) / 1024 }' "$results"
 done

@@ -144,11 +144,7 @@ echo
 echo "median over $ROUNDS rounds:"
 printf '%-9s %9s %8s\n' variant "CPU ms/s" "wakes/s"
 for variant in "${variants[@]}" guard; do
-    awk -v v="$variant" '
-        function median(a, n,    i, j, x) {
-            for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
-            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-        }
+    awk -v v="$variant" "$simnode_awk_median"'
         $2 == v { n++; c[n] = $3; w[n] = $4 }
         END { if (n) printf "%-9s %9.3f %8.1f\n", v, median(c, n), median(w, n) }' "$results"
 done

@@ -147,6 +147,15 @@ simnode_corefiles() {
         -e "s/__PILLAR__DNS__SERVER__/$KUBE_DNS_IP/g" corefile/testdata/upstream-template.Corefile >"$work/Corefile.base.upstream"
 }
 
+# simnode_awk_median is an awk function, median(a, n), of the n values a[1..n] (it sorts them in place, by
+# insertion: mawk has no asort), for the scripts' summaries: awk "$simnode_awk_median"' ...program...'.
+# shellcheck disable=SC2034 # used by the scripts that source this file
+simnode_awk_median='
+function median(a, n,    i, j, x) {
+    for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}'
+
 # simnode_cluster_dns NICE [LAUNCHER...]: starts the cluster DNS (in ns_dns: svcN.* names have an A record,
 # xN.* names and other types are NXDOMAIN with the SOA a negative answer needs to be cached) and the node's
 # resolver (in ns_ext: every A query answered), both $work/node-cache, the cluster DNS at nice NICE, through
