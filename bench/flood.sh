@@ -109,12 +109,7 @@ EOF
     echo "    }"
     echo "}"
 } >"$work/Corefile.ext"
-ip netns exec "$ns_dns" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
-pids+=($!)
-ip netns exec "$ns_ext" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
-pids+=($!)
-wait_dns "$ns_dns" "$DNS_POD_IP" probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
-wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer; see $work/ext.log"
+simnode_start_upstreams 0 probe.svc.cluster.local
 for q in "$ns_ext $EXT_IP n0.flood.example" "$ns_dns $DNS_POD_IP n1.flood.svc.cluster.local"; do
     read -r ns server name <<<"$q"
     size=$(in_ns "$ns" dig +tcp +short @"$server" "$name" TXT | wc -c)

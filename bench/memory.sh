@@ -93,13 +93,7 @@ cat >"$work/Corefile.ext" <<EOF
     }
 }
 EOF
-ip netns exec "$ns_dns" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
-pids+=($!)
-ip netns exec "$ns_ext" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
-pids+=($!)
-
-wait_dns "$ns_dns" "$DNS_POD_IP" probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
-wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+simnode_start_upstreams 0 probe.svc.cluster.local
 
 simnode_corefiles
 if [ -n "${PROFILE_DIR:-}" ]; then

@@ -191,13 +191,22 @@ EOF
     }
 }
 EOF
+    simnode_start_upstreams "$level" svc1.probe.svc.cluster.local "$@"
+}
+
+# simnode_start_upstreams NICE NAME [LAUNCHER...]: starts $work/node-cache with $work/Corefile.clusterdns in
+# ns_dns (at nice NICE) and with $work/Corefile.ext in ns_ext, both through LAUNCHER, and waits until the
+# cluster DNS answers NAME and the node's resolver probe.example.org.
+simnode_start_upstreams() {
+    local level=$1 name=$2
+    shift 2
     # ip netns exec, not in_ns: a function in the background would leave $! the PID of a subshell.
     nice -n "$level" ip netns exec "$ns_dns" "$@" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
     pids+=($!)
     ip netns exec "$ns_ext" "$@" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
     pids+=($!)
-    wait_dns "$ns_dns" "$DNS_POD_IP" svc1.probe.svc.cluster.local || die "the cluster DNS does not answer; see $work/clusterdns.log"
-    wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer"
+    wait_dns "$ns_dns" "$DNS_POD_IP" "$name" || die "the cluster DNS does not answer; see $work/clusterdns.log"
+    wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer; see $work/ext.log"
 }
 
 # simnode_unbound_conf: writes $work/unbound.conf, unbound as a node cache: one thread, forwarding
