@@ -26,7 +26,7 @@ import (
 //
 //	NODELOCALDNS_REQUIRE_PRIVILEGED=1 go test -run '^$' -bench BenchmarkSync ./nodelocal/
 func BenchmarkSync(b *testing.B) {
-	privtest.RequirePrivileged(b, append(append([]string{"ip"}, backendTools[rules.NFT]...), backendTools[rules.Legacy]...)...)
+	privtest.RequirePrivileged(b, append(append([]string{"ip"}, privtest.IptablesCommands(string(rules.NFT))...), privtest.IptablesCommands(string(rules.Legacy))...)...)
 	if !netnstest.Run(b) {
 		return
 	}

@@ -27,11 +27,6 @@ var (
 	addrV6 = netip.MustParseAddr("fd00::10")
 )
 
-var backendTools = map[rules.Mode][]string{
-	rules.Legacy: {"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	rules.NFT:    {"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore"},
-}
-
 // recLog records what a Reconciler logs.
 type recLog struct {
 	t     *testing.T
@@ -87,7 +82,7 @@ func inNamespaceNFT(t *testing.T, fn func(t *testing.T, e *env)) {
 }
 
 func runIn(t *testing.T, mode rules.Mode, fn func(t *testing.T, e *env)) {
-	privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[mode]...)...)
+	privtest.RequirePrivileged(t, append([]string{"ip"}, privtest.IptablesCommands(string(mode))...)...)
 	if !netnstest.Run(t) {
 		return
 	}

@@ -20,7 +20,7 @@ import (
 // why; kube-proxy's nftables table showing up during the wait decides, and a node that stays without
 // kube-proxy rules gets the fallback once the wait is over.
 func TestBackendWaitsForKubeProxy(t *testing.T) {
-	privtest.RequirePrivileged(t, append([]string{"ip", "nft"}, backendTools[rules.NFT]...)...)
+	privtest.RequirePrivileged(t, append([]string{"ip", "nft"}, privtest.IptablesCommands(string(rules.NFT))...)...)
 	for _, kubeProxyArrives := range []bool{true, false} {
 		name := "kube-proxy_never_comes"
 		if kubeProxyArrives {

@@ -43,3 +43,15 @@ func RequirePrivileged(t testing.TB, tools ...string) {
 	}
 	t.Skipf("%s; set %s=1 to make this a failure", msg, RequireEnv)
 }
+
+// IptablesCommands returns the commands of iptables' flavour ("legacy" or "nft"), for both families, with
+// their save and restore: what a test of that flavour requires.
+func IptablesCommands(flavour string) []string {
+	cmds := make([]string, 0, 6)
+	for _, family := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			cmds = append(cmds, family+"-"+flavour+suffix)
+		}
+	}
+	return cmds
+}

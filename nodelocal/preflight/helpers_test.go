@@ -18,12 +18,6 @@ var (
 	clusterIP = netip.MustParseAddr("10.96.0.10")
 )
 
-// backendTools are the commands each iptables flavour needs.
-var backendTools = map[rules.Mode][]string{
-	rules.Legacy: {"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	rules.NFT:    {"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore"},
-}
-
 // env is a fresh network namespace with one iptables flavour.
 type env struct {
 	t     *testing.T
@@ -42,7 +36,7 @@ func inNamespace(t *testing.T, fn func(t *testing.T, e *env)) {
 func inNamespaceNFT(t *testing.T, fn func(t *testing.T, e *env)) { runIn(t, rules.NFT, fn) }
 
 func runIn(t *testing.T, mode rules.Mode, fn func(t *testing.T, e *env)) {
-	privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[mode]...)...)
+	privtest.RequirePrivileged(t, append([]string{"ip"}, privtest.IptablesCommands(string(mode))...)...)
 	if !netnstest.Run(t) {
 		return
 	}

@@ -47,11 +47,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var backendTools = map[nodelocal.Backend][]string{
-	nodelocal.BackendLegacy: {"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	nodelocal.BackendNFT:    {"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore"},
-}
-
 // logBuffer records what CoreDNS and the plugin log.
 type logBuffer struct {
 	mu  sync.Mutex
@@ -85,7 +80,7 @@ type nsEnv struct {
 
 func inNamespace(t *testing.T, mode nodelocal.Backend) *nsEnv {
 	t.Helper()
-	privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[mode]...)...)
+	privtest.RequirePrivileged(t, append([]string{"ip"}, privtest.IptablesCommands(string(mode))...)...)
 	if !netnstest.Run(t) {
 		return nil
 	}

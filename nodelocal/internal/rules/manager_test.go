@@ -19,16 +19,11 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
 )
 
-var backendTools = map[Mode][]string{
-	Legacy: {"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	NFT:    {"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore"},
-}
-
 // inNamespace runs fn once per backend, each time in a network namespace of its own.
 func inNamespace(t *testing.T, fn func(t *testing.T, m *Manager)) {
 	for _, mode := range []Mode{NFT, Legacy} {
 		t.Run(string(mode), func(t *testing.T) {
-			privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[mode]...)...)
+			privtest.RequirePrivileged(t, append([]string{"ip"}, privtest.IptablesCommands(string(mode))...)...)
 			if !netnstest.Run(t) {
 				return
 			}
@@ -288,7 +283,7 @@ func TestSyncFailsCleanlyWithoutChangingAnything(t *testing.T) {
 }
 
 func TestLockContention(t *testing.T) {
-	privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[Legacy]...)...)
+	privtest.RequirePrivileged(t, append([]string{"ip"}, privtest.IptablesCommands(string(Legacy))...)...)
 	if !netnstest.Run(t) {
 		return
 	}
@@ -314,7 +309,7 @@ func TestLockContention(t *testing.T) {
 }
 
 func TestSyncHonoursContext(t *testing.T) {
-	privtest.RequirePrivileged(t, append([]string{"ip"}, backendTools[Legacy]...)...)
+	privtest.RequirePrivileged(t, append([]string{"ip"}, privtest.IptablesCommands(string(Legacy))...)...)
 	if !netnstest.Run(t) {
 		return
 	}
@@ -347,7 +342,7 @@ func TestSyncHonoursContext(t *testing.T) {
 }
 
 func TestDetect(t *testing.T) {
-	privtest.RequirePrivileged(t, append(append([]string{"ip", "nft"}, backendTools[Legacy]...), backendTools[NFT]...)...)
+	privtest.RequirePrivileged(t, append(append([]string{"ip", "nft"}, privtest.IptablesCommands(string(Legacy))...), privtest.IptablesCommands(string(NFT))...)...)
 	const kubeProxyNFT = "table ip kube-proxy {\n  map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }\n" +
 		"  chain services { ip daddr . meta l4proto . th dport vmap @service-ips; }\n}\n"
 	cases := []struct {
@@ -420,7 +415,7 @@ func TestDetect(t *testing.T) {
 
 func TestToolsForBothFamilies(t *testing.T) {
 	for _, mode := range []Mode{Legacy, NFT} {
-		privtest.RequirePrivileged(t, backendTools[mode]...)
+		privtest.RequirePrivileged(t, privtest.IptablesCommands(string(mode))...)
 		b, err := NewBackend(mode, "test")
 		if err != nil {
 			t.Fatal(err)
