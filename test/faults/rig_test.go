@@ -25,49 +25,30 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
-// The node-cache binary is built once per test binary, with every plugin the cache needs compiled in.
-var (
-	buildOnce sync.Once
-	buildDir  string
-	binPath   string
-	buildErr  error
-)
+// build is the node-cache binary, built once per test binary, with every plugin the cache needs compiled in:
+// every fault here is about the rules and link notrack puts in place, so a build without notrack fails.
+var build = simnode.SharedBuild{Prefix: "nodelocaldns-faults-", Check: func(binPath string) error {
+	out, err := exec.Command(binPath, "-plugins").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s -plugins: %w: %s", binPath, err, out)
+	}
+	if !slices.ContainsFunc(strings.Fields(string(out)), func(f string) bool { return f == "notrack" || f == "dns.notrack" }) {
+		return fmt.Errorf("node-cache is built without the notrack plugin:\n%s", out)
+	}
+	return nil
+}}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	build.Remove()
 	os.Exit(code)
 }
 
-// binary returns the node-cache binary, built on first use. It fails the test when the binary lacks the
-// notrack plugin: every fault here is about the rules and link notrack puts in place.
+// binary returns the node-cache binary, built on first use.
 func binary(t *testing.T) string {
 	t.Helper()
 	privtest.RequirePrivileged(t, append([]string{"go", "iptables-nft", "iptables-legacy"}, simnode.Tools...)...)
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "nodelocaldns-faults-") //nolint:usetesting // one build for every test of the package, removed by TestMain
-		if buildErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		binPath, buildErr = simnode.BuildNodeCache(ctx, buildDir)
-		if buildErr != nil {
-			return
-		}
-		out, err := exec.Command(binPath, "-plugins").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("%s -plugins: %w: %s", binPath, err, out)
-		} else if !slices.ContainsFunc(strings.Fields(string(out)), func(f string) bool { return f == "notrack" || f == "dns.notrack" }) {
-			buildErr = fmt.Errorf("node-cache is built without the notrack plugin:\n%s", out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return build.Binary(t)
 }
 
 // eventually bounds the waits for what the node does within a few sync or probe rounds: a failure bound for

@@ -4,7 +4,6 @@ package hostile
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -22,38 +21,20 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
-// The node-cache binary is built once per test binary, on first use.
-var (
-	buildOnce sync.Once
-	buildDir  string
-	binPath   string
-	buildErr  error
-)
+// build is the node-cache binary, built once per test binary, on first use.
+var build = simnode.SharedBuild{Prefix: "nodelocaldns-hostile-"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	build.Remove()
 	os.Exit(code)
 }
 
+// nodeCache returns the node-cache binary, built on first use.
 func nodeCache(tb testing.TB) string {
 	tb.Helper()
 	privtest.RequirePrivileged(tb, append([]string{"go", "nft"}, simnode.Tools...)...)
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "nodelocaldns-hostile-") //nolint:usetesting // one build for every test of the package, removed by TestMain
-		if buildErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		binPath, buildErr = simnode.BuildNodeCache(ctx, buildDir)
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
-	}
-	return binPath
+	return build.Binary(tb)
 }
 
 // Where the two caches and the cluster DNS's own server listen, inside the simulated node.
