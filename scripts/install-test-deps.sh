@@ -59,6 +59,9 @@ declare -A package_of=(
 	[dpkg-deb]=dpkg
 	[umoci]=umoci
 	[runc]=runc
+	# A real Prometheus for the chart's alerts (examples/kubernetes runs promtool, test/faults the server).
+	[prometheus]=prometheus
+	[promtool]=prometheus
 )
 
 missing=()

@@ -266,3 +266,13 @@ func (o *Objects) Service(name string) *corev1.Service {
 	}
 	return nil
 }
+
+// RulesFile is the PrometheusRule's groups as a Prometheus rules file (rule_files, promtool check rules):
+// what prometheus-operator hands its Prometheus.
+func (r *PrometheusRule) RulesFile() ([]byte, error) {
+	out, err := yaml.Marshal(r.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("writing the rules file of PrometheusRule %s: %w", r.Name, err)
+	}
+	return out, nil
+}

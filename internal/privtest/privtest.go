@@ -29,11 +29,29 @@ func RequirePrivileged(t testing.TB, tools ...string) {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root (euid 0)")
 	}
+	require(t, append(missing, missingTools(tools)...))
+}
+
+// RequireTools stops the test unless every tool is on PATH, for a test that needs a tool but not root (a
+// checker, say). It fails the test when Required, and skips it otherwise.
+func RequireTools(t testing.TB, tools ...string) {
+	t.Helper()
+	require(t, missingTools(tools))
+}
+
+func missingTools(tools []string) []string {
+	var missing []string
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}
 	}
+	return missing
+}
+
+// require fails or skips the test when anything is missing.
+func require(t testing.TB, missing []string) {
+	t.Helper()
 	if len(missing) == 0 {
 		return
 	}
