@@ -131,24 +131,11 @@ func TestClusterDNSOutage(t *testing.T) {
 	r.clusterDNS = n.StartClusterDNS(bin)
 	n.StartExternalResolver(bin)
 
-	cfg := corefile.Config{
-		LocalIPs:       []netip.Addr{netip.MustParseAddr(simnode.LinkLocalIP)},
-		ClusterDNSIPs:  []netip.Addr{netip.MustParseAddr(simnode.KubeDNSClusterIP)},
-		NodeUpstreams:  []string{simnode.ExtResolverIP},
-		MetricsAddress: cacheMetrics,
-		Notrack:        corefile.Notrack{Backend: r.backend, Lock: filepath.Join(r.dir, "nodelocaldns.lock")},
-	}
-	conf, err := corefile.Render(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(conf), "serve_stale") {
+	conf := r.writeShippedCorefile()
+	if !strings.Contains(conf, "serve_stale") {
 		t.Fatalf("the shipped configuration does not serve stale answers:\n%s", conf)
 	}
-	r.conf = filepath.Join(r.dir, "Corefile")
-	r.writeCorefile(string(conf))
-	r.cache = n.StartEnv(n.NodeNS, podEnv(r.dir), bin, "-conf", r.conf)
-	r.waitLog(r.cache, "rules in place for", 1, 20*time.Second)
+	r.startShippedCache()
 	r.startGuard()
 
 	hot := []hotName{
@@ -159,7 +146,7 @@ func TestClusterDNSOutage(t *testing.T) {
 	}
 	webA := hot[1]
 	const changedWeb = "10.244.2.8"
-	err = n.Do(n.PodNS, func() error {
+	err := n.Do(n.PodNS, func() error {
 		for _, h := range hot {
 			m, _, err := lookup(kubeDNS, h.name, h.qtype, clientTimeout)
 			if p := h.problem(m, err, h.want); p != "" {
@@ -355,6 +342,36 @@ func beforeKnown(unknown []outcome, i int) string {
 		out = append(out, fmt.Sprintf("%s after %v", what, o.took.Round(time.Millisecond)))
 	}
 	return "[" + strings.Join(out, ", ") + "]"
+}
+
+// writeShippedCorefile writes the shipped configuration (corefile.Render, as the manifests' DaemonSet runs
+// it) for the rig's node to r.conf and returns it: the link-local address and the kube-dns ClusterIP, the
+// cluster DNS through kube-dns-upstream, other names to the node's resolver, metrics on cacheMetrics.
+func (r *rig) writeShippedCorefile() string {
+	r.t.Helper()
+	cfg := corefile.Config{
+		LocalIPs:       []netip.Addr{netip.MustParseAddr(simnode.LinkLocalIP)},
+		ClusterDNSIPs:  []netip.Addr{netip.MustParseAddr(simnode.KubeDNSClusterIP)},
+		NodeUpstreams:  []string{simnode.ExtResolverIP},
+		MetricsAddress: cacheMetrics,
+		Notrack:        corefile.Notrack{Backend: r.backend, Lock: filepath.Join(r.dir, "nodelocaldns.lock")},
+	}
+	conf, err := corefile.Render(cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.conf = filepath.Join(r.dir, "Corefile")
+	r.writeCorefile(string(conf))
+	return string(conf)
+}
+
+// startShippedCache starts the cache on r.conf with a Pod's environment (podEnv) and waits until its rules
+// are in place.
+func (r *rig) startShippedCache() *simnode.Process {
+	r.t.Helper()
+	r.cache = r.n.StartEnv(r.n.NodeNS, podEnv(r.dir), r.bin, "-conf", r.conf)
+	r.waitLog(r.cache, "rules in place for", 1, 20*time.Second)
+	return r.cache
 }
 
 // podEnv is the node cache's environment in a Pod: no Kubernetes API (unreachable from the simulated
