@@ -356,6 +356,8 @@ func (u *UpstreamSvc) switchTo(set upstreamSet) {
 	u.active = set
 	u.publishInfo()
 	if old == nil {
+		// Export the count at zero from the first upstream on: a dashboard shows no changes, not no data.
+		upstreamChanges.WithLabelValues(u.zones, u.cfg.Service, u.cfg.Namespace)
 		log.Infof("Forwarding to %s (Service %s/%s, from %s)", strings.Join(set.addrs, ","), u.cfg.Namespace, u.cfg.Service, set.source)
 		return
 	}

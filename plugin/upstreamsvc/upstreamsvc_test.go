@@ -13,6 +13,8 @@ import (
 	"github.com/coredns/coredns/plugin/test"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestMaxConcurrent holds one query at a slow upstream and checks that the next one is refused.
@@ -213,5 +215,35 @@ func TestPipelinedQuerySetsForwardUpstream(t *testing.T) {
 	}
 	if got, want := v(), up.proxies[0].Addr(); got != want {
 		t.Errorf("forward/upstream is %q, want %q", got, want)
+	}
+}
+
+// TestChangesExportedAtZero checks upstream_changes_total has the block's series from the first upstream on,
+// at zero: a dashboard of a node whose upstream never moved shows no changes rather than no data.
+func TestChangesExportedAtZero(t *testing.T) {
+	const namespace = "changes-at-zero"
+	u := New(Config{Service: defaultService, Namespace: namespace, Expire: defaultExpire, HealthCheck: defaultHealthCheck})
+	u.initial = upstreamSet{addrs: []string{"127.0.0.1:53"}, source: sourceFallback}
+	if err := u.OnStartup(); err != nil {
+		t.Fatal(err)
+	}
+	defer u.OnShutdown()
+
+	ch := make(chan prometheus.Metric, 64)
+	go func() { upstreamChanges.Collect(ch); close(ch) }()
+	var found []float64
+	for m := range ch {
+		var pb dto.Metric
+		if m.Write(&pb) != nil {
+			continue
+		}
+		for _, l := range pb.Label {
+			if l.GetName() == "namespace" && l.GetValue() == namespace {
+				found = append(found, pb.Counter.GetValue())
+			}
+		}
+	}
+	if len(found) != 1 || found[0] != 0 {
+		t.Errorf("upstream_changes_total of namespace %s: %v, want one series at 0", namespace, found)
 	}
 }
