@@ -67,10 +67,10 @@ func (r *rig) testAttack(t *testing.T) {
 	var idle, loris []time.Duration
 	var idleErr, lorisErr, heldErr, floodErr error
 	var held, flooded int64
-	wg.Go(func() { idle, idleErr = r.idle(idleConns) })
-	wg.Go(func() { loris, lorisErr = r.loris(lorisConns) })
-	wg.Go(func() { held, heldErr = r.held(heldConns) })
-	wg.Go(func() { flooded, floodErr = r.flood(floodQueries) })
+	wg.Go(func() { idle, idleErr = r.hostile.idle(idleConns) })
+	wg.Go(func() { loris, lorisErr = r.hostile.loris(lorisConns) })
+	wg.Go(func() { held, heldErr = r.hostile.held(heldConns) })
+	wg.Go(func() { flooded, floodErr = r.hostile.flood(floodQueries) })
 	wg.Wait()
 	lookups := pod.end()
 	peak, scrapeErrs := samples.end()
@@ -151,15 +151,22 @@ func last(ds []time.Duration) time.Duration {
 	return slices.Max(ds)
 }
 
+// hostilePod opens the attack's sockets in the Pod's network namespace: through the simulated node in the
+// test process (testAttack), directly in the attacker process of the benchmark, which runs inside it.
+type hostilePod struct {
+	// inPod runs fn where the sockets it creates belong to the Pod's namespace.
+	inPod func(fn func() error) error
+}
+
 // dialMany opens count TCP connections to each of the cache's addresses from the Pod, with dialer if
 // given.
-func (r *rig) dialMany(count int, dialer ...net.Dialer) ([]net.Conn, error) {
+func (h hostilePod) dialMany(count int, dialer ...net.Dialer) ([]net.Conn, error) {
 	d := net.Dialer{Timeout: askTimeout}
 	if len(dialer) > 0 {
 		d = dialer[0]
 	}
 	var conns []net.Conn
-	err := r.n.Do(r.n.PodNS, func() error {
+	err := h.inPod(func() error {
 		for _, p := range pairs {
 			for range count {
 				c, err := d.Dial("tcp", p.cache)
@@ -206,9 +213,9 @@ func waitClosed(conns []net.Conn, start time.Time, what string) ([]time.Duration
 }
 
 // idle opens count connections to each address that send nothing, and waits for the cache to close them.
-func (r *rig) idle(count int) ([]time.Duration, error) {
+func (h hostilePod) idle(count int) ([]time.Duration, error) {
 	start := time.Now()
-	conns, err := r.dialMany(count)
+	conns, err := h.dialMany(count)
 	if err != nil {
 		return nil, fmt.Errorf("idle connections: %w", err)
 	}
@@ -217,9 +224,9 @@ func (r *rig) idle(count int) ([]time.Duration, error) {
 
 // loris opens count connections to each address that send a query a byte every lorisEvery, and waits for
 // the cache to close them before the query is whole.
-func (r *rig) loris(count int) ([]time.Duration, error) {
+func (h hostilePod) loris(count int) ([]time.Duration, error) {
 	start := time.Now()
-	conns, err := r.dialMany(count)
+	conns, err := h.dialMany(count)
 	if err != nil {
 		return nil, fmt.Errorf("slow-loris connections: %w", err)
 	}
@@ -249,8 +256,8 @@ func (r *rig) loris(count int) ([]time.Duration, error) {
 
 // held opens count connections to each address and sends a hot query on each every heldEvery, heldRounds
 // times; every query must be answered on its connection.
-func (r *rig) held(count int) (int64, error) {
-	conns, err := r.dialMany(count)
+func (h hostilePod) held(count int) (int64, error) {
+	conns, err := h.dialMany(count)
 	if err != nil {
 		return 0, fmt.Errorf("held connections: %w", err)
 	}
@@ -295,7 +302,7 @@ func (r *rig) held(count int) (int64, error) {
 // flood sends total odd queries over UDP to both addresses, from floodSockets sockets at a time (each used
 // for 50 queries, then replaced), at most floodRate a second, and reads nothing: what the cache answers
 // was compared already, this is about what it costs.
-func (r *rig) flood(total int) (int64, error) {
+func (h hostilePod) flood(total int) (int64, error) {
 	var queries [][]byte
 	for _, c := range oddCases() {
 		if c.timeout != 0 {
@@ -306,7 +313,7 @@ func (r *rig) flood(total int) (int64, error) {
 		}
 	}
 	var sent int64
-	err := r.n.Do(r.n.PodNS, func() error {
+	err := h.inPod(func() error {
 		var sockets []net.Conn
 		defer func() {
 			for _, c := range sockets {

@@ -41,7 +41,7 @@ func (r *rig) deaf(count int) ([]net.Conn, error) {
 		}
 		return err
 	}}
-	conns, err := r.dialMany(count, d)
+	conns, err := r.hostile.dialMany(count, d)
 	if err != nil {
 		return nil, fmt.Errorf("deaf connections: %w", err)
 	}

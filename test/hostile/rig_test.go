@@ -25,6 +25,10 @@ import (
 var build = simnode.SharedBuild{Prefix: "nodelocaldns-hostile-"}
 
 func TestMain(m *testing.M) {
+	if attacks, ok := os.LookupEnv(attackerEnv); ok {
+		// This is the benchmark's attacker process (startAttacker), not a test run.
+		os.Exit(runAttacker(strings.Split(attacks, ",")))
+	}
 	code := m.Run()
 	build.Remove()
 	os.Exit(code)
@@ -86,6 +90,8 @@ type rig struct {
 	cache    *simnode.Process
 	ref      *simnode.Process
 	upstream *brokenUpstream
+	// hostile is the hostile Pod's side of the attacks, in this process.
+	hostile hostilePod
 }
 
 func newRig(tb testing.TB) *rig {
@@ -93,6 +99,7 @@ func newRig(tb testing.TB) *rig {
 	bin := nodeCache(tb)
 	n := simnode.New(tb)
 	r := &rig{t: tb, n: n, dir: tb.TempDir()}
+	r.hostile = hostilePod{inPod: func(fn func() error) error { return n.Do(n.PodNS, fn) }}
 
 	// The cluster DNS: CoreDNS on loopback in its namespace, behind the relay on the Pod IP that breaks some
 	// replies.

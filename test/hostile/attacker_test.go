@@ -1,0 +1,137 @@
+//go:build linux
+
+package hostile
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/test/simnode"
+)
+
+// attackerEnv, set to a comma-separated list of attacks, makes the test binary the benchmark's attacker
+// process instead of running tests (see TestMain).
+const attackerEnv = "NODELOCALDNS_HOSTILE_ATTACKER"
+
+// attackerUp is what the attacker process prints once every attack has started.
+const attackerUp = "attacker: under way"
+
+// attacker is the hostile Pod of the benchmark: the test binary run again as a process of its own in the
+// Pod's namespace, so that its goroutines, its heap and its garbage collector are not the well-behaved
+// Pod's, as they are not on a node.
+type attacker struct {
+	p *simnode.Process
+}
+
+// startAttacker starts the attacker process with the attacks named (idle, loris, held, flood) and returns
+// once it has started them.
+func (r *rig) startAttacker(tb testing.TB, attacks []string) *attacker {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatalf("finding the test binary to run the attacker: %v", err)
+	}
+	env := append(os.Environ(), attackerEnv+"="+strings.Join(attacks, ","))
+	p := r.n.StartEnv(r.n.PodNS, env, self)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.Output(), attackerUp) {
+		if p.Exited() || time.Now().After(deadline) {
+			tb.Fatalf("the attacker process did not start its attacks:\n%s", p.Output())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &attacker{p: p}
+}
+
+// stop ends the attack: the attacker closes everything it opened and exits, which it must do cleanly.
+func (a *attacker) stop(tb testing.TB) {
+	tb.Helper()
+	if err := a.p.Signal(syscall.SIGTERM); err != nil {
+		tb.Fatalf("stopping the attacker: %v", err)
+	}
+	// Idle connections end when the cache closes them, so within closeBound.
+	if err := a.p.Wait(2 * closeBound); err != nil {
+		tb.Fatalf("the attacker: %v\n%s", err, a.p.Output())
+	}
+}
+
+// runAttacker is the attacker process: it runs attacks until SIGTERM, and returns its exit code, 1 if an
+// attack failed.
+func runAttacker(attacks []string) int {
+	h := hostilePod{inPod: func(fn func() error) error { return fn() }} // started inside the Pod's namespace
+	stop := make(chan struct{})
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-terms
+		close(stop)
+	}()
+	done, failed := h.attackUntil(stop, attacks)
+	fmt.Println(attackerUp)
+	<-done
+	if failed() {
+		return 1
+	}
+	return 0
+}
+
+// attackUntil runs testAttack's mix, the attacks named (idle, loris, held, flood), until stop is closed: the
+// idle and slow-loris connections are opened again each time the cache has closed them, the held
+// connections and the flood repeat. done is closed once everything it opened is closed; failed then says
+// whether an attack stopped on an error (printed to standard error) or was not known.
+func (h hostilePod) attackUntil(stop <-chan struct{}, attacks []string) (done <-chan struct{}, failed func() bool) {
+	finished := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	bad := false
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "attack: "+format+"\n", args...)
+		mu.Lock()
+		bad = true
+		mu.Unlock()
+	}
+	repeat := func(fn func() error) {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := fn(); err != nil {
+					fail("%v", err)
+					return
+				}
+			}
+		})
+	}
+	for _, a := range attacks {
+		switch a {
+		case "idle":
+			repeat(func() error { _, err := h.idle(idleConns); return err })
+		case "loris":
+			repeat(func() error { _, err := h.loris(lorisConns); return err })
+		case "held":
+			repeat(func() error { _, err := h.held(heldConns); return err })
+		case "flood":
+			repeat(func() error { _, err := h.flood(floodRate); return err }) // a second's worth at a time
+		default:
+			fail("no attack %q (idle, loris, held, flood)", a)
+		}
+	}
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	return finished, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return bad
+	}
+}
