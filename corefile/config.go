@@ -56,6 +56,10 @@ type Config struct {
 	// PreferUDP sends those misses over UDP first. The default is TCP: UDP through the Service DNAT is
 	// where conntrack races lose queries, the failure a node cache exists to avoid.
 	PreferUDP bool
+	// MaxAttempts is how many times one of those misses is sent to the cluster DNS at most, every copy
+	// counted, before the client gets SERVFAIL (upstreamsvc's max_attempts, written as the cluster forward's
+	// max_connect_attempts); 0 means upstreamsvc's default, 2.
+	MaxAttempts int
 	// NodeUpstreams are the kube-dns ConfigMap's upstreamNameservers: the `.` block forwards to them over
 	// UDP. Empty means the node's resolv.conf.
 	NodeUpstreams []string
@@ -342,6 +346,9 @@ func (c Config) Validate() error {
 		if n.value < 0 {
 			errs = append(errs, fmt.Errorf("%s is negative: %d", n.what, n.value))
 		}
+	}
+	if c.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("max attempts is negative: %d", c.MaxAttempts))
 	}
 	if c.Clamp.SuccessMin > c.Clamp.SuccessMax || c.Clamp.DenialMin > c.Clamp.DenialMax {
 		errs = append(errs, fmt.Errorf("clamp window upside down: success %d..%d, denial %d..%d",

@@ -130,7 +130,8 @@ func replaceClusterForward(f *File, u Upstream) error {
 }
 
 // upstreamsvcFromForward keeps the forward's transport (TCP with force_tcp, else UDP first) and the options
-// upstreamsvc shares with forward; any other option has no equivalent and is an error.
+// upstreamsvc shares with forward, and turns max_connect_attempts N, forward's bound on the sends of one query,
+// into upstreamsvc's max_attempts N; any other option has no equivalent and is an error.
 func upstreamsvcFromForward(fwd *Directive, u Upstream) (*Directive, error) {
 	transport := &Directive{Name: "prefer_udp", Line: fwd.Line}
 	var carried []*Directive
@@ -140,6 +141,15 @@ func upstreamsvcFromForward(fwd *Directive, u Upstream) (*Directive, error) {
 			transport = &Directive{Name: o.Name, Line: o.Line}
 		case "max_concurrent", "expire", "health_check":
 			carried = append(carried, o)
+		case "max_connect_attempts":
+			if len(o.Args) != 1 {
+				return nil, fmt.Errorf("line %d: max_connect_attempts takes one number", o.Line)
+			}
+			if n, err := strconv.Atoi(o.Args[0]); err != nil || n < 1 {
+				return nil, fmt.Errorf("line %d: max_connect_attempts %q: upstreamsvc's max_attempts needs a positive number "+
+					"(one query is never sent without bound)", o.Line, o.Args[0])
+			}
+			carried = append(carried, &Directive{Name: "max_attempts", Args: o.Args, Line: o.Line})
 		default:
 			return nil, fmt.Errorf("line %d: forward option %q has no upstreamsvc equivalent; remove it or "+
 				"write the upstreamsvc directive yourself", o.Line, o.Name)

@@ -205,6 +205,12 @@ func TestExpandSubstitution(t *testing.T) {
 			want: "cluster.local:53 {\n    upstreamsvc kube-dns dns {\n        prefer_udp\n        max_concurrent 1000\n        expire 10s\n    }\n}\n",
 		},
 		{
+			name: "forward's max_connect_attempts is upstreamsvc's max_attempts",
+			in:   "cluster.local:53 {\n forward . __PILLAR__CLUSTER__DNS__ {\n  force_tcp\n  max_connect_attempts 3\n }\n}\n",
+			e:    Expansion{Upstream: &Upstream{}},
+			want: "cluster.local:53 {\n    upstreamsvc kube-dns-upstream kube-system {\n        force_tcp\n        max_attempts 3\n    }\n}\n",
+		},
+		{
 			name: "existing notrack wins",
 			in:   ".:53 {\n bind 169.254.20.10\n notrack {\n  no_rules\n }\n}\nexample.org:53 {\n bind 169.254.20.10\n}\n",
 			e:    Expansion{Notrack: &Notrack{Interface: "nl0", NoInterface: true}, LocalIPs: addrs("169.254.20.10")},
@@ -276,6 +282,12 @@ func TestExpandErrors(t *testing.T) {
 			in:   []byte("cluster.local:53 {\n forward . __PILLAR__CLUSTER__DNS__ {\n  policy sequential\n }\n}\n"),
 			e:    Expansion{Upstream: &Upstream{}},
 			want: []string{"line 3: forward option \"policy\" has no upstreamsvc equivalent"},
+		},
+		{
+			name: "unbounded max_connect_attempts",
+			in:   []byte("cluster.local:53 {\n forward . __PILLAR__CLUSTER__DNS__ {\n  max_connect_attempts 0\n }\n}\n"),
+			e:    Expansion{Upstream: &Upstream{}},
+			want: []string{"line 3: max_connect_attempts \"0\": upstreamsvc's max_attempts needs a positive number"},
 		},
 		{
 			name: "cluster DNS among other targets",

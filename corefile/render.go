@@ -57,6 +57,9 @@ func Template(c Config) ([]byte, error) {
 		if !c.PreferUDP {
 			d.Block = []*Directive{{Name: "force_tcp"}}
 		}
+		if c.MaxAttempts > 0 {
+			d.Block = append(d.Block, &Directive{Name: "max_connect_attempts", Args: ints(c.MaxAttempts)})
+		}
 		return d
 	}
 	prometheus := &Directive{Name: "prometheus", Args: []string{PrometheusEndpointVar}}

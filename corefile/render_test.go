@@ -61,6 +61,7 @@ var goldenConfigs = map[string]Config{
 		ClusterDNSIPs:  addrs("10.32.0.10"),
 		Port:           5353,
 		Upstream:       Upstream{Service: "coredns-upstream", Namespace: "dns", Fallback: []string{"10.32.0.53"}},
+		MaxAttempts:    3,
 		Cache:          Cache{Memory: 32 << 20, SuccessCapacity: 39936, SuccessTTL: 60, DenialCapacity: 2048, DenialTTL: 10, OtherTTL: 15},
 		Clamp:          Clamp{SuccessMin: 10, DenialMin: 2},
 		WireCache:      WireCache{Capacity: 4096},
@@ -234,6 +235,7 @@ func TestConfigValidate(t *testing.T) {
 		{"stale TTL in milliseconds", func(c *Config) { c.ServeStale.TTL = 1500 * time.Millisecond }, "whole number of seconds"},
 		{"negative stale window", func(c *Config) { c.ServeStale.For = -time.Hour }, "negative"},
 		{"cache memory too small", func(c *Config) { c.Cache.Memory = 64 << 10 }, "cache memory"},
+		{"negative max attempts", func(c *Config) { c.MaxAttempts = -1 }, "max attempts is negative"},
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("good config: %v", err)

@@ -52,13 +52,14 @@ type nodeCacheFlags struct {
 	metricsListenAddress    string
 	prometheusListenAddress string
 	reloadWithSignal        bool
+	serveStale              bool
 	serveStalePolicy        string
 }
 
 // registerNodeCacheFlags defines the flags on fs. CoreDNS's own -conf, -dns.port and -pidfile are defined
 // by coremain and read back from fs when the flags are applied.
 func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
-	f := &nodeCacheFlags{syncInterval: syncInterval(defaultSyncInterval), uninstall: registerUninstallFlags(fs)}
+	f := &nodeCacheFlags{syncInterval: syncInterval(defaultSyncInterval), serveStale: true, uninstall: registerUninstallFlags(fs)}
 	fs.StringVar(&f.localIP, "localip", "", "comma-separated IP addresses the cache listens on; turns on node-cache's drop-in mode")
 	fs.StringVar(&f.upstreamSvc, "upstreamsvc", defaultUpstreamSvc, "Service (in kube-system) in front of the cluster DNS: `forward . __PILLAR__CLUSTER__DNS__` becomes upstreamsvc for it")
 	fs.StringVar(&f.baseCorefile, "basecorefile", defaultBaseCorefile, "template Corefile (the node-local-dns ConfigMap)")
@@ -76,6 +77,8 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.StringVar(&f.healthPort, "health-port", defaultHealthPort, "port of the health plugin, exempted from connection tracking (notrack ports)")
 	fs.StringVar(&f.metricsListenAddress, "metrics-listen-address", "", "HOST:PORT for node-cache's own /metrics; empty serves them only through the prometheus plugin")
 	fs.StringVar(&f.prometheusListenAddress, "prometheus-listen-address", "", "HOST:PORT for "+corefile.PrometheusEndpointVar+"; default the first -localip, port 9253")
+	fs.BoolVar(&f.serveStale, "servestale", true, "add serve_stale (1h, TTL 5s, 1s wait for the upstream) to every cache and wirecache of the Corefile that has none, "+
+		"so names keep resolving through an outage of the cluster DNS; false adds none, and the Corefile's own serve_stale, if any, stays as written; not an upstream flag")
 	fs.StringVar(&f.serveStalePolicy, "servestalepolicy", "", "prefer_positive: a name whose answer turns NXDOMAIN or empty keeps its last positive answer for the serve_stale window "+
 		"(cache serve_stale_policy prefer_positive, wirecache serve_stale ... prefer_positive), which also keeps a deleted name resolving that long; not an upstream flag; default none")
 	fs.BoolVar(&f.reloadWithSignal, "reloadwithsignal", false, "reload CoreDNS with SIGUSR1 to itself after writing a new Corefile, instead of leaving it to the reload plugin")
@@ -109,7 +112,7 @@ func (s *syncInterval) Set(v string) error {
 // dropInOnly are the flags that mean nothing without -localip.
 var dropInOnly = []string{"upstreamsvc", "basecorefile", "corefile", "kubednscm", "setupinterface", "setupiptables",
 	"skipteardown", "handover", "interfacename", "syncinterval", "health-port", "metrics-listen-address",
-	"prometheus-listen-address", "reloadwithsignal"}
+	"prometheus-listen-address", "reloadwithsignal", "servestale"}
 
 // dropIn turns the parsed flags into a corefile.DropIn, or returns nil when -localip is absent and the
 // binary is a plain CoreDNS. It names the Corefile it writes in -conf, so that CoreDNS loads it.
@@ -160,6 +163,9 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 	if f.serveStalePolicy != "" && f.serveStalePolicy != servePreferPositive {
 		errs = append(errs, fmt.Errorf("-servestalepolicy: %q is not a policy; the one there is is %s", f.serveStalePolicy, servePreferPositive))
 	}
+	if f.serveStalePolicy != "" && !f.serveStale {
+		errs = append(errs, fmt.Errorf("-servestalepolicy %s needs the serve_stale that -servestale=false leaves out", f.serveStalePolicy))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -208,10 +214,12 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 			Notrack:            &notrack,
 			NotrackPorts:       []uint16{healthPort},
 			Port:               dnsPort,
-			// Upstream's template has no serve_stale; without it, every name fails within 30 s of the
-			// cluster DNS going away.
-			ServeStale: &corefile.ServeStale{PreferPositive: f.serveStalePolicy == servePreferPositive},
 		},
+	}
+	if f.serveStale {
+		// Upstream's template has no serve_stale; without it, every name fails within 30 s of the
+		// cluster DNS going away.
+		d.Expansion.ServeStale = &corefile.ServeStale{PreferPositive: f.serveStalePolicy == servePreferPositive}
 	}
 	if f.reloadWithSignal {
 		d.Reload = func() error { return syscall.Kill(os.Getpid(), syscall.SIGUSR1) }

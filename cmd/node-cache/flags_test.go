@@ -128,6 +128,14 @@ func TestNodeCacheFlags(t *testing.T) {
 	if s := d.Expansion.ServeStale; s == nil || !s.PreferPositive {
 		t.Errorf("-servestalepolicy prefer_positive: serve_stale %+v", s)
 	}
+
+	d, _, err = parseDropIn(t, "-localip", "169.254.20.10", "-servestale=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := d.Expansion.ServeStale; s != nil {
+		t.Errorf("-servestale=false: serve_stale %+v, want none added", s)
+	}
 }
 
 func TestNodeCacheFlagsErrors(t *testing.T) {
@@ -145,6 +153,7 @@ func TestNodeCacheFlagsErrors(t *testing.T) {
 		{[]string{"-upstreamsvc", "kube-dns-upstream", "-skipteardown"}, "-upstreamsvc, -skipteardown only apply with -localip"},
 		{[]string{"-localip", "169.254.20.10", "-syncinterval", "soon"}, "invalid value"},
 		{[]string{"-localip", "169.254.20.10", "-servestalepolicy", "prefer_negative"}, `-servestalepolicy: "prefer_negative" is not a policy`},
+		{[]string{"-localip", "169.254.20.10", "-servestale=false", "-servestalepolicy", "prefer_positive"}, "needs the serve_stale that -servestale=false leaves out"},
 	}
 	for _, tt := range tests {
 		_, _, err := parseDropIn(t, tt.args...)
@@ -222,6 +231,32 @@ func TestFlagsMatchTypedConfig(t *testing.T) {
 				"-health-port", "9080", "-prometheus-listen-address", "10.0.0.7:9253", "-interfacename", "nlcache0",
 				"-syncinterval", "30", "-setupinterface=false", "-setupiptables=false", "-skipteardown",
 				"-lockfile", "/run/nodelocaldns/lock"},
+		},
+		{
+			// Before -servestale, node-cache added serve_stale to every cache of a Corefile written without it.
+			name: "serve stale off",
+			cfg: corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"), Notrack: handover,
+				ServeStale: corefile.ServeStale{Disabled: true}},
+			args: []string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream", "-servestale=false"},
+		},
+		{
+			name: "serve stale off, cache plugin in the cluster domain",
+			cfg: corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"), Notrack: handover,
+				Log: true, ServeStale: corefile.ServeStale{Disabled: true}},
+			args: []string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream", "-servestale=false"},
+		},
+		{
+			name: "prefer positive",
+			cfg: corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"), Notrack: handover,
+				ServeStale: corefile.ServeStale{PreferPositive: true}},
+			args: []string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream", "-servestalepolicy", "prefer_positive"},
+		},
+		{
+			// The retry budget rides in the ConfigMap's Corefile, as the cluster forward's max_connect_attempts.
+			name: "max attempts",
+			cfg: corefile.Config{LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10"), Notrack: handover,
+				MaxAttempts: 3},
+			args: []string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream"},
 		},
 	}
 	for _, tt := range tests {

@@ -89,13 +89,14 @@ func TestModeFlagSets(t *testing.T) {
 	slices.Sort(all)
 	all = slices.Compact(all)
 	// Every flag there was before the modes had flag sets of their own, and since then -daemonset and
-	// -kubeconfig (the uninstall watch of the cache and the guard) and -servestalepolicy (prefer_positive).
+	// -kubeconfig (the uninstall watch of the cache and the guard), -servestalepolicy (prefer_positive) and
+	// -servestale (serve stale off).
 	before := []string{"basecorefile", "cleanup", "cleanup.timeout", "conf", "corefile", "daemonset", "dns.port", "guard",
 		"guard.backend", "guard.failafter", "guard.interval", "guard.lockpath", "guard.probename", "guard.recoverafter",
 		"guard.serviceips", "guard.timeout", "guard.upstreamips", "guard.wait", "handover", "health-port", "interfacename",
 		"kubeconfig", "kubednscm", "localip", "lockfile", "log-format", "metrics-listen-address", "p", "pidfile", "plugins",
 		"preflight", "preflight.kubeletconfig", "preflight.resolvconf", "preflight.xtableslock",
-		"prometheus-listen-address", "quiet", "reloadwithsignal", "servestalepolicy", "setupinterface", "setupiptables", "skipteardown",
+		"prometheus-listen-address", "quiet", "reloadwithsignal", "servestale", "servestalepolicy", "setupinterface", "setupiptables", "skipteardown",
 		"syncinterval", "upstreamsvc", "verify", "verify.domain", "verify.external", "verify.name", "verify.readyport",
 		"verify.timeout", "version"}
 	if !slices.Equal(all, before) {

@@ -137,7 +137,8 @@ func TestChartKnobs(t *testing.T) {
 	if directive(cluster, "log") == nil || directive(cluster, "wirecache") != nil {
 		t.Error("queryLog: the cluster domain has no log, or keeps wirecache")
 	}
-	want := map[string][]string{"success": {"20000", "60"}, "denial": {"5000", "10"}, "prefetch": {"5", "2m", "20%"}, "serve_stale": {"30m", "verify", "2s", "10s"}}
+	want := map[string][]string{"success": {"20000", "60"}, "denial": {"5000", "10"}, "prefetch": {"5", "2m", "20%"}, "serve_stale": {"30m", "verify", "2s", "10s"},
+		"serve_stale_policy": {"prefer_positive"}}
 	if c := directive(cluster, "cache"); c == nil || !sameOptions(c, want) {
 		t.Errorf("cluster cache %s, want %v", dump(c), want)
 	}
@@ -151,13 +152,25 @@ func TestChartKnobs(t *testing.T) {
 		if c := directive(b, "cache"); c != nil {
 			t.Errorf("%s: a cache plugin beside wirecache: %s", keys[i+1], dump(c))
 		}
-		want := map[string][]string{"capacity": {strconv.Itoa(kib * 1024 / 400)}, "max_memory": {strconv.Itoa(kib>>10) + "MiB"}, "serve_stale": {"30m", "10s", "2s"}}
+		want := map[string][]string{"capacity": {strconv.Itoa(kib * 1024 / 400)}, "max_memory": {strconv.Itoa(kib>>10) + "MiB"}, "serve_stale": {"30m", "10s", "2s", "prefer_positive"}}
 		if w := directive(b, "wirecache"); w == nil || !sameOptions(w, want) {
 			t.Errorf("%s: wirecache %s, want %v", keys[i+1], dump(w), want)
 		}
 		if c := directive(b, "clamp"); c == nil || !sameOptions(c, map[string][]string{"success": {"5", ttl}, "denial": {"5", ttl}}) {
 			t.Errorf("%s: clamp %s, want 5 %s", keys[i+1], dump(c), ttl)
 		}
+	}
+	// upstreamMaxAttempts: the retry budget of the cluster forward, which node-cache turns into upstreamsvc's
+	// max_attempts.
+	for i, b := range f.Blocks[:3] {
+		want := map[string][]string{"force_tcp": nil, "max_connect_attempts": {"3"}}
+		if fwd := directive(b, "forward"); fwd == nil || !slices.Equal(fwd.Args, []string{".", corefile.ClusterDNSVar}) || !sameOptions(fwd, want) {
+			t.Errorf("%s: cluster forward %s, want %v", keys[i], dump(fwd), want)
+		}
+	}
+	// serveStale.preferPositive: node-cache also adds the policy where it adds serve_stale.
+	if got := argValue(cache.Args, "-servestalepolicy"); got != "prefer_positive" {
+		t.Errorf("-servestalepolicy %q, want prefer_positive", got)
 	}
 	root := directive(f.Blocks[3], "forward")
 	if !slices.Equal(root.Args, []string{".", "192.0.2.53", "192.0.2.54:5353"}) || len(root.Block) != 7 || directive(&corefile.Block{Directives: root.Block}, "prefer_udp") == nil {
@@ -207,8 +220,9 @@ func directive(b *corefile.Block, name string) *corefile.Directive {
 func TestChartCorefileIsTemplate(t *testing.T) {
 	base := corefile.Config{Mode: corefile.ModeIPTables, LocalIPs: addrs("169.254.20.10"), ClusterDNSIPs: addrs("10.96.0.10")}
 	for name, tt := range map[string]struct {
-		args []string
-		edit func(*corefile.Config)
+		args  []string
+		edit  func(*corefile.Config)
+		check func(*testing.T, *Objects) // more to check on the rendered objects, if set
 	}{
 		"caches": {
 			args: []string{"--set", "cache.success.capacity=20000,cache.success.ttl=60,cache.denial.capacity=5000,cache.denial.ttl=10,cache.otherTTL=120"},
@@ -234,6 +248,29 @@ func TestChartCorefileIsTemplate(t *testing.T) {
 				c.ServeStale = corefile.ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 500 * time.Millisecond}
 			},
 		},
+		"serve stale off": {
+			args: []string{"--set", "serveStale.enabled=false"},
+			check: func(t *testing.T, objs *Objects) {
+				// node-cache adds no serve_stale of its own either.
+				args := objs.DaemonSets[0].Spec.Template.Spec.Containers[0].Args
+				if !slices.Contains(args, "-servestale=false") || slices.Contains(args, "-servestalepolicy") {
+					t.Errorf("cache args %q, want -servestale=false and no -servestalepolicy", args)
+				}
+			},
+			edit: func(c *corefile.Config) { c.ServeStale = corefile.ServeStale{Disabled: true} },
+		},
+		"serve stale off, query log": {
+			args: []string{"--set", "serveStale.enabled=false,queryLog=true"},
+			edit: func(c *corefile.Config) { c.ServeStale = corefile.ServeStale{Disabled: true}; c.Log = true },
+		},
+		"prefer positive, query log": {
+			args: []string{"--set", "serveStale.preferPositive=true,queryLog=true"},
+			edit: func(c *corefile.Config) { c.ServeStale = corefile.ServeStale{PreferPositive: true}; c.Log = true },
+		},
+		"max attempts": {
+			args: []string{"--set", "upstreamMaxAttempts=3"},
+			edit: func(c *corefile.Config) { c.MaxAttempts = 3 },
+		},
 		// A budget whose shares are whole GiB (`.`'s) and MiB.
 		"budget": {args: []string{"--set", "cacheMemoryMiB=4096"}, edit: func(c *corefile.Config) { c.Cache.Memory = 4 << 30 }},
 	} {
@@ -247,6 +284,9 @@ func TestChartCorefileIsTemplate(t *testing.T) {
 			}
 			if got := objs.ConfigMap("node-local-dns").Data["Corefile"]; got != string(want) {
 				t.Errorf("Corefile\n%s\nis not corefile.Template of %+v:\n%s", got, cfg, want)
+			}
+			if tt.check != nil {
+				tt.check(t, objs)
 			}
 		})
 	}
@@ -369,6 +409,8 @@ func TestChartKnobsRefused(t *testing.T) {
 		"unknown top-level value":              {[]string{"--set", "podAnotations.a=b"}, "podAnotations"},
 		"prefetch without the cache plugin":    {[]string{"--set", "cache.prefetch.enabled=true"}, "cache.prefetch.enabled"},
 		"no cache budget":                      {[]string{"--set", "cacheMemoryMiB=0"}, "cacheMemoryMiB"},
+		"no attempt at all":                    {[]string{"--set", "upstreamMaxAttempts=0"}, "upstreamMaxAttempts"},
+		"prefer positive without serve stale":  {[]string{"--set", "serveStale.enabled=false,serveStale.preferPositive=true"}, "serveStale.preferPositive"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := render(t, tt.args...)

@@ -56,6 +56,20 @@ var (
 		Help:      "Counter of queries held up behind a slow answer on a pipelined connection and sent once more on a connection of their own.",
 	}, []string{"server", "zones", "to"})
 
+	attemptsSent = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "attempts_total",
+		Help:      "Counter of copies of queries sent upstream: pipelined, sent once more after a stall, or through the proxies.",
+	}, []string{"server", "zones"})
+
+	attemptsExhausted = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "attempts_exhausted_total",
+		Help:      "Counter of queries answered SERVFAIL because max_attempts copies were sent and none was answered.",
+	}, []string{"server", "zones"})
+
 	maxConcurrentRejects = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: pluginName,

@@ -65,8 +65,8 @@ var (
 // the cluster DNS Pod for each connection, so the load keeps moving between them), and the old one closes
 // once its last query is answered.
 //
-// Every error leaves the query unanswered and tells the caller why; the caller sends it with forward,
-// except after errPipeStalled.
+// Every error leaves the query unanswered and tells the caller why; the caller sends it through the
+// proxies, if its budget allows, except after errPipeStalled.
 type pipeline struct {
 	addr   string
 	expire time.Duration
@@ -158,8 +158,12 @@ type pipeQuery struct {
 }
 
 // exchange sends r and returns the answer, with r's ID. w is the client's writer, which forward's proxy
-// reads the transport from when the query stalls and is sent once more.
-func (p *pipeline) exchange(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (*dns.Msg, error) {
+// reads the transport from when the query stalls and is sent once more. The copy sent here, and the one
+// sent once more, are spent from budget; with none left, nothing is sent (errPipeUnavailable).
+func (p *pipeline) exchange(ctx context.Context, w dns.ResponseWriter, r *dns.Msg, budget *attempts) (*dns.Msg, error) {
+	if !budget.left() {
+		return nil, errPipeUnavailable
+	}
 	c, reused, err := p.conn()
 	if err != nil {
 		return nil, err
@@ -174,10 +178,11 @@ func (p *pipeline) exchange(ctx context.Context, w dns.ResponseWriter, r *dns.Ms
 	if err != nil {
 		return nil, err
 	}
+	budget.spend()
 	if reused {
 		p.countConn(true)
 	}
-	m, err := c.wait(ctx, q, id, start, w, r)
+	m, err := c.wait(ctx, q, id, start, w, r, budget)
 	if err != nil {
 		return nil, err
 	}
@@ -408,9 +413,9 @@ func (c *pipeConn) flush() {
 // (see stalled) is sent once more through forward's proxy, when fewer than maxStallResends are under way,
 // while its pipelined copy goes on waiting; the first answer wins. One that found no room is sent once more
 // if it is still stalled at a later check and there is room then, or when its pipelined copy gets no
-// answer, if there is room then. A stalled query is never sent a third time: when no copy is answered, wait
-// returns errPipeStalled.
-func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time.Time, w dns.ResponseWriter, r *dns.Msg) (*dns.Msg, error) {
+// answer, if there is room then. It is sent once more only if budget has a copy left. A stalled query is
+// never sent a third time: when no copy is answered, wait returns errPipeStalled.
+func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time.Time, w dns.ResponseWriter, r *dns.Msg, budget *attempts) (*dns.Msg, error) {
 	t := time.NewTimer(stallAfter)
 	defer t.Stop()
 	c.mu.Lock()
@@ -466,9 +471,12 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 			}
 			t.Reset(stallAfter)
 		}
-		if retry && !resending {
+		if retry && !resending && budget.left() {
 			resent, stopResend = c.p.resend(ctx, w, r)
 			resending = resent != nil
+			if resending {
+				budget.spend()
+			}
 		}
 		switch {
 		case lost == nil || resent != nil:

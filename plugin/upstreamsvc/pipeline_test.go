@@ -132,9 +132,14 @@ type exchangeResult struct {
 	err error
 }
 
-// exchange sends r on p for a client over TCP.
+// exchange sends r on p for a client over TCP, with the default budget.
 func exchange(ctx context.Context, p *pipeline, r *dns.Msg) (*dns.Msg, error) {
-	return p.exchange(ctx, &test.ResponseWriter{TCP: true}, r)
+	return p.exchange(ctx, &test.ResponseWriter{TCP: true}, r, testAttempts(defaultMaxAttempts))
+}
+
+// testAttempts is a query's budget of n copies, counted under server "test".
+func testAttempts(n int) *attempts {
+	return newAttempts(n, attemptsSent.WithLabelValues("test", "test"))
 }
 
 func goExchange(p *pipeline, r *dns.Msg) <-chan exchangeResult {
@@ -189,7 +194,7 @@ func sendMsgOn(t *testing.T, c *pipeConn, r *dns.Msg) func(ctx context.Context) 
 		t.Fatalf("%s: %v", r.Question[0].Name, err)
 	}
 	return func(ctx context.Context) exchangeResult {
-		m, err := c.wait(ctx, q, id, start, &test.ResponseWriter{TCP: true}, r)
+		m, err := c.wait(ctx, q, id, start, &test.ResponseWriter{TCP: true}, r, testAttempts(defaultMaxAttempts))
 		return exchangeResult{m, err}
 	}
 }

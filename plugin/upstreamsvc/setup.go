@@ -137,6 +137,7 @@ func parse(c *caddy.Controller) (Config, error) {
 		Namespace:   defaultNamespace,
 		Expire:      defaultExpire,
 		HealthCheck: defaultHealthCheck,
+		MaxAttempts: defaultMaxAttempts,
 	}
 	var (
 		fallback  []string
@@ -211,6 +212,18 @@ func parse(c *caddy.Controller) (Config, error) {
 					return cfg, fmt.Errorf("max_concurrent %q: want a positive integer", c.Val())
 				}
 				cfg.MaxConcurrent = n
+				if c.NextArg() {
+					return cfg, c.ArgErr()
+				}
+			case "max_attempts":
+				if !c.NextArg() {
+					return cfg, c.ArgErr()
+				}
+				n, err := strconv.ParseInt(c.Val(), 10, 32)
+				if err != nil || n <= 0 {
+					return cfg, fmt.Errorf("max_attempts %q: want a positive integer, the most times one query is sent upstream (no unbounded retries)", c.Val())
+				}
+				cfg.MaxAttempts = int(n)
 				if c.NextArg() {
 					return cfg, c.ArgErr()
 				}

@@ -22,18 +22,18 @@ func TestSetup(t *testing.T) {
 	}{
 		{
 			input: "upstreamsvc {\n fallback 127.0.0.1:5301\n}",
-			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: defaultExpire, HealthCheck: defaultHealthCheck,
+			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: defaultExpire, HealthCheck: defaultHealthCheck, MaxAttempts: defaultMaxAttempts,
 				Fallback: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:5301")}},
 		},
 		{
 			input: "upstreamsvc my-dns {\n fallback 10.0.0.10\n}",
-			want: Config{Service: "my-dns", Namespace: "kube-system", Expire: defaultExpire, HealthCheck: defaultHealthCheck,
+			want: Config{Service: "my-dns", Namespace: "kube-system", Expire: defaultExpire, HealthCheck: defaultHealthCheck, MaxAttempts: defaultMaxAttempts,
 				Fallback: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.10:53")}},
 		},
 		{
-			input: "upstreamsvc my-dns dns-system {\n port 5353\n prefer_udp\n fallback 10.0.0.10 [fd00::10]:54 ::1\n max_concurrent 100\n expire 5s\n health_check 1s\n}",
+			input: "upstreamsvc my-dns dns-system {\n port 5353\n prefer_udp\n fallback 10.0.0.10 [fd00::10]:54 ::1\n max_concurrent 100\n expire 5s\n health_check 1s\n max_attempts 3\n}",
 			want: Config{Service: "my-dns", Namespace: "dns-system", Port: 5353, PreferUDP: true, MaxConcurrent: 100,
-				Expire: 5 * time.Second, HealthCheck: time.Second,
+				Expire: 5 * time.Second, HealthCheck: time.Second, MaxAttempts: 3,
 				Fallback: []netip.AddrPort{
 					netip.MustParseAddrPort("10.0.0.10:5353"),
 					netip.MustParseAddrPort("[fd00::10]:54"),
@@ -42,7 +42,7 @@ func TestSetup(t *testing.T) {
 		},
 		{
 			input: "upstreamsvc {\n force_tcp\n force_tcp\n fallback 127.0.0.1\n fallback 127.0.0.2\n expire 1s\n}",
-			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: minExpire, HealthCheck: defaultHealthCheck,
+			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: minExpire, HealthCheck: defaultHealthCheck, MaxAttempts: defaultMaxAttempts,
 				Fallback: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53"), netip.MustParseAddrPort("127.0.0.2:53")}},
 		},
 
@@ -66,6 +66,16 @@ func TestSetup(t *testing.T) {
 		{input: "upstreamsvc {\n fallback <nil>\n}", wantErr: `"<nil>" is not an IP address`},
 		{input: "upstreamsvc {\n max_concurrent 0\n}", wantErr: "max_concurrent"},
 		{input: "upstreamsvc {\n max_concurrent many\n}", wantErr: "max_concurrent"},
+		{
+			input: "upstreamsvc {\n max_attempts 1\n fallback 127.0.0.1\n}",
+			want: Config{Service: "kube-dns-upstream", Namespace: "kube-system", Expire: defaultExpire, HealthCheck: defaultHealthCheck, MaxAttempts: 1,
+				Fallback: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53")}},
+		},
+		{input: "upstreamsvc {\n max_attempts 0\n}", wantErr: `max_attempts "0": want a positive integer`},
+		{input: "upstreamsvc {\n max_attempts -1\n}", wantErr: `max_attempts "-1": want a positive integer`},
+		{input: "upstreamsvc {\n max_attempts two\n}", wantErr: `max_attempts "two": want a positive integer`},
+		{input: "upstreamsvc {\n max_attempts\n}", wantErr: "Wrong argument count"},
+		{input: "upstreamsvc {\n max_attempts 2 3\n}", wantErr: "Wrong argument count"},
 		{input: "upstreamsvc {\n expire -1s\n}", wantErr: "expire -1s: must be at least 1s"},
 		{input: "upstreamsvc {\n expire 0s\n}", wantErr: "expire 0s: must be at least 1s"},
 		{input: "upstreamsvc {\n expire 0\n}", wantErr: "expire 0s: must be at least 1s"},
@@ -114,7 +124,7 @@ func TestSetup(t *testing.T) {
 func configEqual(a, b Config) bool {
 	return a.Service == b.Service && a.Namespace == b.Namespace && a.Port == b.Port && a.PreferUDP == b.PreferUDP &&
 		a.Kubeconfig == b.Kubeconfig && slices.Equal(a.Fallback, b.Fallback) && a.MaxConcurrent == b.MaxConcurrent &&
-		a.Expire == b.Expire && a.HealthCheck == b.HealthCheck
+		a.Expire == b.Expire && a.HealthCheck == b.HealthCheck && a.MaxAttempts == b.MaxAttempts
 }
 
 // TestSetupEnvironment covers the path taken without API access: the variables Kubernetes injects.

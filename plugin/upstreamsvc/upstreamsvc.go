@@ -4,9 +4,10 @@
 // A node-local cache owns the kube-dns ClusterIP, so it reaches CoreDNS through a second Service.
 // The address is taken from the Kubernetes API (watched), else from the variables Kubernetes
 // injects into the pod, else from a static fallback. Over TCP, queries are pipelined on one connection
-// per address (pipeline.go); CoreDNS's forward plugin and proxy package carry the rest (UDP, dnstap, a query
-// that failed on its pipelined connection, and once more a query held up there) and keep the health
-// checks. A changed address swaps in a new forwarder without failing queries that are already on their way.
+// per address (pipeline.go); CoreDNS's proxy package carries the rest (UDP, dnstap, a query that failed on
+// its pipelined connection, and once more a query held up there) and keeps the health checks. One client
+// query is sent at most max_attempts times in all (attempts.go). A changed address swaps in new proxies
+// without failing queries that are already on their way.
 package upstreamsvc
 
 import (
@@ -60,6 +61,10 @@ type Config struct {
 	Expire time.Duration
 	// HealthCheck is the interval between health checks of an upstream that failed.
 	HealthCheck time.Duration
+	// MaxAttempts is how many times one client query is sent upstream at most, every copy counted (the
+	// pipelined one, a stalled query's copy sent once more, each one through the proxies); 0 means
+	// defaultMaxAttempts.
+	MaxAttempts int
 }
 
 // Defaults that match CoreDNS's forward plugin.
@@ -68,6 +73,11 @@ const (
 	defaultNamespace   = "kube-system"
 	defaultExpire      = 10 * time.Second
 	defaultHealthCheck = 500 * time.Millisecond
+	// defaultMaxAttempts is one retry: a query that got no answer goes once more, on another connection
+	// (kube-proxy may pick another cluster DNS Pod for it). Each attempt that gets no answer takes the read
+	// timeout, 2 s, so the client has SERVFAIL after 4 s, inside the 5 s a glibc stub resolver waits for an
+	// answer by default; a third attempt would answer a client that has given up.
+	defaultMaxAttempts = 2
 )
 
 // minExpire is the shortest expire. A pipelined connection takes new queries for expire, then a new one
@@ -95,11 +105,11 @@ type UpstreamSvc struct {
 	stopped bool
 }
 
-// upstream is one forwarder over one address list. It is stopped once it has been replaced and the
-// last query using it has returned.
+// upstream is the proxies to one address list. It is stopped once it has been replaced and the last query
+// using it has returned.
 type upstream struct {
-	fwd *forward.Forward
-	// proxies are fwd's, one per address, kept to read their health.
+	// proxies are CoreDNS's proxies, one per address: they send the queries the pipelines do not carry,
+	// and health-check their address.
 	proxies []*proxy.Proxy
 	// pipes carry the queries over pipelined TCP connections, one per address; nil where forward carries
 	// every query (prefer_udp, dnstap).
@@ -112,6 +122,9 @@ type upstream struct {
 // New returns a handler for cfg. Setup gives it the address to start with and, when the Kubernetes
 // API is available, the watch to follow.
 func New(cfg Config) *UpstreamSvc {
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = defaultMaxAttempts
+	}
 	return &UpstreamSvc{
 		cfg:              cfg,
 		errLimitExceeded: fmt.Errorf("concurrent queries exceeded maximum %d", cfg.MaxConcurrent),
@@ -158,7 +171,7 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 		return dns.RcodeServerFailure, errStopped
 	}
 	if up.down() {
-		// Every address failed its health checks: answer SERVFAIL now rather than after forward's
+		// Every address failed its health checks: answer SERVFAIL now rather than after the proxies'
 		// connection attempts, which would keep the client waiting up to its timeout (5 s) for nothing.
 		// A cache in front serves what it holds, stale if need be. This is forward's
 		// failfast_all_unhealthy_upstreams, always on: the health checks go to the same Service over
@@ -167,38 +180,33 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 		failFasts.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
 		return dns.RcodeServerFailure, errAllDown
 	}
-	if answered, err := u.pipelined(ctx, up, w, r); answered || err != nil {
+	server := metrics.WithServer(ctx)
+	budget := newAttempts(u.cfg.MaxAttempts, attemptsSent.WithLabelValues(server, u.zones))
+	answered, err := u.pipelined(ctx, up, w, r, budget)
+	var rcode int
+	switch {
+	case answered:
 		u.release(up)
-		if err != nil {
-			return dns.RcodeServerFailure, err
-		}
 		return dns.RcodeSuccess, nil
+	case errors.Is(err, errPipeStalled):
+		u.release(up)
+		rcode = dns.RcodeServerFailure
+	default:
+		rcode, err = u.forwarded(ctx, up, w, r, budget, err)
 	}
-	rcode, err := up.fwd.ServeDNS(ctx, w, r)
-	u.release(up)
-	if rcode != dns.RcodeServerFailure || err == nil || ctx.Err() != nil {
-		return rcode, err
+	if rcode == dns.RcodeServerFailure && err != nil && budget.spent() && ctx.Err() == nil {
+		attemptsExhausted.WithLabelValues(server, u.zones).Inc()
 	}
-	// forward failed without writing a reply. If the Service moved meanwhile, the query most likely
-	// went to the old ClusterIP; give the new address a chance before failing the client.
-	next := u.acquire()
-	if next == nil {
-		return rcode, err
-	}
-	defer u.release(next)
-	if next == up {
-		return rcode, err
-	}
-	switchRetries.WithLabelValues(metrics.WithServer(ctx), u.zones).Inc()
-	return next.fwd.ServeDNS(ctx, w, r)
+	return rcode, err
 }
 
 // pipelined sends r over a pipelined connection to one of up's addresses, picked at random as forward
 // picks, sets forward's forward/upstream metadata to it, and writes the answer as forward would. It
-// reports false when it wrote nothing: with a nil error, the query was not sent, or got no answer there
-// (the connection closed or returned nothing in time), and forward is to carry it; with an error, the query
-// stalled there, got no answer from the copies sent, and is not to be sent again.
-func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.ResponseWriter, r *dns.Msg) (bool, error) {
+// reports false when it wrote nothing, with why: errPipeStalled when the query stalled there and got no
+// answer from the copies sent (it is not to be sent again), any other error when the query was not sent
+// (no pipelined connection) or got no answer there (the connection closed or returned nothing in time), and
+// the proxies are to carry it.
+func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.ResponseWriter, r *dns.Msg, budget *attempts) (bool, error) {
 	if len(up.pipes) == 0 {
 		return false, nil
 	}
@@ -207,12 +215,9 @@ func (u *UpstreamSvc) pipelined(ctx context.Context, up *upstream, w dns.Respons
 		p = up.pipes[rand.IntN(len(up.pipes))] //nolint:gosec // spreading queries needs no unpredictable choice
 	}
 	metadata.SetValueFunc(ctx, "forward/upstream", p.forwardUpstream)
-	ret, err := p.exchange(ctx, w, r)
-	if errors.Is(err, errPipeStalled) {
-		return false, err
-	}
+	ret, err := p.exchange(ctx, w, r, budget)
 	if err != nil {
-		return false, nil
+		return false, err
 	}
 	state := request.Request{W: w, Req: r}
 	if !state.Match(ret) {
@@ -262,8 +267,8 @@ func (up *upstream) stop() {
 		for _, p := range up.pipes {
 			p.close()
 		}
-		if err := up.fwd.OnShutdown(); err != nil {
-			log.Warningf("Stopping the forwarder to a replaced address: %v", err)
+		for _, p := range up.proxies {
+			p.Stop()
 		}
 	})
 }
@@ -344,8 +349,8 @@ func (u *UpstreamSvc) switchTo(set upstreamSet) {
 		}
 		return
 	}
-	fwd, proxies := u.newForward(set.addrs)
-	up := &upstream{fwd: fwd, proxies: proxies}
+	proxies := u.newProxies(set.addrs)
+	up := &upstream{proxies: proxies}
 	if !u.cfg.PreferUDP && u.tap == nil {
 		for i, addr := range set.addrs {
 			up.pipes = append(up.pipes, newPipeline(addr, u.cfg.Expire, proxies[i], u.zones))
@@ -375,35 +380,24 @@ func (u *UpstreamSvc) publishInfo() {
 	}
 }
 
-// newForward builds CoreDNS's forwarder for addrs, with this plugin's transport and timing options, and
-// returns it with its proxies.
-func (u *UpstreamSvc) newForward(addrs []string) (*forward.Forward, []*proxy.Proxy) {
-	f := forward.New()
-	f.SetProxyOptions(proxy.Options{
-		ForceTCP:           !u.cfg.PreferUDP,
-		PreferUDP:          u.cfg.PreferUDP,
-		HCRecursionDesired: true,
-		HCDomain:           ".",
-	})
+// newProxies starts CoreDNS's proxies to addrs, with this plugin's transport and timing options: each
+// health-checks its address every HealthCheck interval once a query to it failed.
+func (u *UpstreamSvc) newProxies(addrs []string) []*proxy.Proxy {
 	proxies := make([]*proxy.Proxy, 0, len(addrs))
 	for _, addr := range addrs {
 		p := proxy.NewProxy(proxyName, addr, transport.DNS)
-		proxies = append(proxies, p)
 		p.SetExpire(u.cfg.Expire)
 		if !u.cfg.PreferUDP {
 			p.GetHealthchecker().SetTCPTransport()
 		}
-		f.SetProxy(p) // starts health checking at forward's default interval
-		if u.cfg.HealthCheck != defaultHealthCheck {
-			// forward keeps its interval unexported; Start again only resets the probe interval. It
-			// also starts a second idle-connection sweeper on the same transport, which ends with the
-			// first one when the proxy is collected.
-			p.Start(u.cfg.HealthCheck)
-		}
+		p.Start(u.cfg.HealthCheck)
+		proxies = append(proxies, p)
 	}
-	f.Next = u.Next
-	if u.tap != nil {
-		f.SetTapPlugin(u.tap)
-	}
-	return f, proxies
+	return proxies
+}
+
+// proxyOptions are the transport of every query the proxies send: forward's force_tcp or prefer_udp. (The
+// health checks keep the proxy's own, `. NS` with recursion desired, over TCP unless prefer_udp.)
+func (u *UpstreamSvc) proxyOptions() proxy.Options {
+	return proxy.Options{ForceTCP: !u.cfg.PreferUDP, PreferUDP: u.cfg.PreferUDP}
 }

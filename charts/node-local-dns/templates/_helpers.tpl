@@ -174,14 +174,16 @@ forward . {{ index . 0 }}
 {{- end -}}
 
 {{/*
-serve_stale of wirecache (DURATION TTL WAIT) and of the cache plugin (DURATION verify WAIT TTL), as
-serveStale sets them; corefile.Template's wireCacheServeStale and cacheServeStale.
+serve_stale of wirecache (DURATION TTL WAIT [prefer_positive]) and of the cache plugin (DURATION verify WAIT
+TTL, and serve_stale_policy prefer_positive), as serveStale sets them, or nothing when it is off;
+corefile.Template's wireCacheServeStale and cacheServeStale.
 */}}
 {{- define "node-local-dns.wirecacheServeStale" -}}
-{{- with .Values.serveStale }}serve_stale {{ .for }} {{ .ttl }} {{ .verify }}{{ end -}}
+{{- with .Values.serveStale }}{{ if .enabled }}serve_stale {{ .for }} {{ .ttl }} {{ .verify }}{{ if .preferPositive }} prefer_positive{{ end }}{{ end }}{{ end -}}
 {{- end -}}
 {{- define "node-local-dns.cacheServeStale" -}}
-{{- with .Values.serveStale }}serve_stale {{ .for }} verify {{ .verify }} {{ .ttl }}{{ end -}}
+{{- with .Values.serveStale }}{{ if .enabled }}serve_stale {{ .for }} verify {{ .verify }} {{ .ttl }}{{ if .preferPositive }}
+serve_stale_policy prefer_positive{{ end }}{{ end }}{{ end -}}
 {{- end -}}
 
 {{/*
@@ -205,7 +207,9 @@ corefile.Template's wireCache.
 wirecache {
     capacity {{ div (mul $kib 1024) 400 }}
     max_memory {{ include "node-local-dns.kib" $kib }}
-    {{ include "node-local-dns.wirecacheServeStale" (index . 0) }}
+    {{- with include "node-local-dns.wirecacheServeStale" (index . 0) }}
+    {{ . }}
+    {{- end }}
 }
 {{- end -}}
 
@@ -272,7 +276,12 @@ that package does not write. node-cache fills in the __PILLAR__ and __PROMETHEUS
 adds notrack after every bind and turns `forward . __PILLAR__CLUSTER__DNS__` into upstreamsvc.
 */}}
 {{- define "node-local-dns.corefile" -}}
-{{- $clusterForward := include "node-local-dns.forward" (list "__PILLAR__CLUSTER__DNS__" "force_tcp") -}}
+{{- $clusterOptions := "force_tcp" -}}
+{{- with .Values.upstreamMaxAttempts }}{{ $clusterOptions = printf "%s\nmax_connect_attempts %d" $clusterOptions (int .) }}{{ end -}}
+{{- $clusterForward := include "node-local-dns.forward" (list "__PILLAR__CLUSTER__DNS__" $clusterOptions) -}}
+{{- if and .Values.serveStale.preferPositive (not .Values.serveStale.enabled) -}}
+{{- fail "serveStale.preferPositive: prefer_positive is a policy of serve_stale, which serveStale.enabled=false leaves out" -}}
+{{- end -}}
 {{- $c := .Values.cache -}}
 {{- /* A sixteenth of the budget, in KiB. */ -}}
 {{- $kib := mul (int .Values.cacheMemoryMiB) 64 -}}
@@ -294,7 +303,9 @@ adds notrack after every bind and turns `forward . __PILLAR__CLUSTER__DNS__` int
         {{- with include "node-local-dns.prefetch" . }}
         {{ . }}
         {{- end }}
-        {{ include "node-local-dns.cacheServeStale" . }}
+        {{- with include "node-local-dns.cacheServeStale" . }}
+        {{- . | nindent 8 }}
+        {{- end }}
     }
     {{- end }}
     {{- include "node-local-dns.tail" . | nindent 4 }}
