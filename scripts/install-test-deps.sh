@@ -59,6 +59,8 @@ declare -A package_of=(
 	[dpkg-deb]=dpkg
 	[umoci]=umoci
 	[runc]=runc
+	# The conformance tier (test/conformance) builds a static musl client, as Alpine-based Pods resolve.
+	[musl-gcc]=musl-tools
 )
 
 missing=()
