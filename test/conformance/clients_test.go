@@ -52,6 +52,9 @@ func (r *rig) digRRs(ip, network, name, qtype string, search bool) ([]dns.RR, er
 	if search {
 		args = append(args, "+search")
 	}
+	if search {
+		r.n.SetPodResolvConf(ip, testNamespace, r.extraSearch...)
+	}
 	out, err := r.n.In(context.Background(), r.n.PodNS, "dig", args...)
 	if err != nil {
 		return nil, err
@@ -95,7 +98,7 @@ func (g resolved) String() string { return fmt.Sprintf("%v (canonical %q)", g.ad
 // glibc resolves name with glibc's getaddrinfo in the Pod (getent ahosts, AF_UNSPEC), with the Pod's
 // resolv.conf naming ip.
 func (r *rig) glibc(ip, name string) (resolved, error) {
-	r.n.SetPodResolvConf(ip, testNamespace)
+	r.n.SetPodResolvConf(ip, testNamespace, r.extraSearch...)
 	out, err := r.n.In(context.Background(), r.n.PodNS, "getent", "ahosts", name)
 	if err != nil {
 		return resolved{}, err
@@ -119,7 +122,7 @@ func (r *rig) glibc(ip, name string) (resolved, error) {
 
 // muslLookup resolves name with the static musl client in the Pod, with the Pod's resolv.conf naming ip.
 func (r *rig) muslLookup(ip, name string) (resolved, error) {
-	r.n.SetPodResolvConf(ip, testNamespace)
+	r.n.SetPodResolvConf(ip, testNamespace, r.extraSearch...)
 	out, err := r.n.In(context.Background(), r.n.PodNS, r.musl, name)
 	if err != nil {
 		return resolved{}, err

@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/miekg/dns"
 
@@ -45,6 +44,8 @@ type lookup struct {
 	addrs []string
 	// canonical, when set, is getaddrinfo's canonical name.
 	canonical string
+	// muslAddrs, when set, is what musl's getaddrinfo must return instead of addrs.
+	muslAddrs []string
 }
 
 // forRig returns a copy of r that fails t, for a subtest.
@@ -107,16 +108,21 @@ func (r *rig) mismatches(l lookup, on []server) []string {
 			}
 		}
 		if l.addrs != nil {
+			muslAddrs := l.addrs
+			if l.muslAddrs != nil {
+				muslAddrs = l.muslAddrs
+			}
 			for _, c := range []struct {
 				client string
 				lookup func(ip, name string) (resolved, error)
-			}{{"glibc's getaddrinfo", r.glibc}, {"musl's getaddrinfo", r.muslLookup}} {
+				want   []string
+			}{{"glibc's getaddrinfo", r.glibc, l.addrs}, {"musl's getaddrinfo", r.muslLookup, muslAddrs}} {
 				got, err := c.lookup(s.ip, l.name)
 				switch {
 				case err != nil:
 					fail("%s of %s at %s: %v", c.client, l.name, s.label, err)
-				case !slices.Equal(got.addrs, l.addrs):
-					fail("%s of %s at %s: %v, want %v", c.client, l.name, s.label, got, l.addrs)
+				case !slices.Equal(got.addrs, c.want):
+					fail("%s of %s at %s: %v, want %v", c.client, l.name, s.label, got, c.want)
 				case l.canonical != "" && got.canonical != l.canonical:
 					fail("%s of %s at %s: canonical name %q, want %q", c.client, l.name, s.label, got.canonical, l.canonical)
 				}
@@ -283,8 +289,8 @@ func TestConformance(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{GenerateName: svc.Name + "-", Labels: map[string]string{
 					discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "e2e-test-" + testNamespace}},
 				AddressType: discoveryv1.AddressTypeIPv4,
-				Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-				Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(s.port), Port: ptr.To(s.number), Protocol: ptr.To(corev1.ProtocolTCP)}},
+				Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.ip}, Conditions: discoveryv1.EndpointConditions{Ready: new(true)}}},
+				Ports:       []discoveryv1.EndpointPort{{Name: new(s.port), Port: new(s.number), Protocol: new(corev1.ProtocolTCP)}},
 			}, strict)
 			if err != nil {
 				t.Fatal(err)
@@ -331,6 +337,34 @@ func TestConformance(t *testing.T) {
 		}
 	})
 
+	t.Run("truncation", func(t *testing.T) { r.forRig(t).truncation(t) })
+
+	// "should work with the pod containing more than 6 DNS search paths and longer than 256 search list
+	// characters" and "... a search path containing an underscore and a search path with a single dot": the
+	// Pod's dnsConfig.searches after the cluster's, as the kubelet merges them.
+	// musl reads resolv.conf a line of at most 255 characters at a time and ignores a longer line whole, so
+	// with the long list it has no search list at all and asks a partial name as it is: the node's resolver
+	// answers it, on every path alike. (The e2e's musl prober is Alpine's dig, with a parser of its own.)
+	for _, c := range []struct {
+		name      string
+		search    []string
+		muslAddrs []string
+	}{
+		{"long-search-list", []string{fmt.Sprintf("%038d.k8s.io", 1), fmt.Sprintf("%038d.k8s.io", 2), fmt.Sprintf("%038d.k8s.io", 3),
+			fmt.Sprintf("%038d.k8s.io", 4), fmt.Sprintf("%038d.k8s.io", 5), fmt.Sprintf("%038d.k8s.io", 6)}, []string{simnode.ExternalAnswer}},
+		{"odd-search-paths", []string{".", "_sip._tcp.abc_d.example.com"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rt := r.forRig(t)
+			rt.extraSearch = c.search
+			kubernetes := a("kubernetes.default.svc.cluster.local", "10.96.0.1")
+			for _, name := range []string{"kubernetes.default", "kubernetes.default.svc"} {
+				rt.check(t, lookup{name: name, qtype: "A", want: []string{kubernetes}, addrs: []string{"10.96.0.1"}, muslAddrs: c.muslAddrs}, servers)
+			}
+			host := "dns-querier-1.dns-test-service." + testNamespace + ".svc.cluster.local"
+			rt.check(t, lookup{name: host, qtype: "A", want: []string{a(host, querier.Status.PodIP)}, addrs: []string{querier.Status.PodIP}}, servers)
+		})
+	}
 	t.Run("externalname", func(t *testing.T) { r.forRig(t).externalName(t) })
 	t.Run("kube-dns-configmap", func(t *testing.T) { r.forRig(t).stubDomains(t) })
 	t.Run("coredns-configmap", func(t *testing.T) { r.forRig(t).corednsConfigMap(t) })
@@ -561,4 +595,83 @@ func (r *rig) corednsConfigMap(t *testing.T) {
 
 	// "should forward PTR records lookup to upstream nameserver".
 	r.check(t, lookup{name: "123.2.0.192.in-addr.arpa", qtype: "PTR", want: []string{"123.2.0.192.in-addr.arpa. PTR my.test."}}, servers)
+}
+
+// truncation asks for a headless Service with more endpoints than a 512-byte UDP reply holds (the e2e's
+// dns_scale_records.go asks for many Services; this is the same limit from one name). A client without EDNS
+// gets a truncated reply on every path, with as many addresses on each: glibc then asks again over TCP and
+// gets them all, musl, which has no TCP fallback, uses the ones it got.
+func (r *rig) truncation(t *testing.T) {
+	const endpoints = 40
+	svc := r.createService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "dns-test-service-big"}, Spec: corev1.ServiceSpec{
+		ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Port: 80, Name: "http", Protocol: corev1.ProtocolTCP}}}})
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: svc.Name + "-", Labels: map[string]string{
+			discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "e2e-test-" + testNamespace}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(80)), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	var want, addrs []string
+	for i := range endpoints {
+		ip := fmt.Sprintf("10.245.0.%d", i+1)
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+		want = append(want, a(fqdn(svc.Name), ip))
+		addrs = append(addrs, ip)
+	}
+	slices.Sort(want)
+	slices.Sort(addrs)
+	if _, err := r.admin.DiscoveryV1().EndpointSlices(testNamespace).Create(context.Background(), slice, strict); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("the cluster DNS serving every endpoint", func() bool {
+		got, err := r.dig(simnode.ClusterDNSPodIP, "tcp", fqdn(svc.Name), "A", false)
+		return err == nil && slices.Equal(got, want)
+	})
+	// dig's EDNS buffer (1232) holds them all, over UDP too.
+	for _, s := range servers {
+		for _, network := range []string{"udp", "tcp"} {
+			if got, err := r.dig(s.ip, network, fqdn(svc.Name), "A", true); err != nil || !slices.Equal(got, want) {
+				t.Errorf("dig %s over %s at %s: %d records (%v), want all %d", fqdn(svc.Name), network, s.label, len(got), err, endpoints)
+			}
+		}
+	}
+	held := map[server]int{}
+	for _, s := range servers {
+		// Twice through the cache: the first is a miss, the second what a hit would be.
+		for range 2 {
+			m, err := r.n.Query(r.n.PodNS, "udp", s.ip+":53", fqdn(svc.Name), dns.TypeA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !m.Truncated || len(m.Answer) == 0 || len(m.Answer) >= endpoints {
+				t.Errorf("a plain UDP query at %s: truncated %v with %d records, want truncated with some of the %d", s.label, m.Truncated, len(m.Answer), endpoints)
+			}
+			for _, rr := range records(m.Answer) {
+				if !slices.Contains(want, rr) {
+					t.Errorf("a plain UDP query at %s answered %s, which the API does not hold", s.label, rr)
+				}
+			}
+			held[s] = len(m.Answer)
+		}
+		if g, err := r.glibc(s.ip, fqdn(svc.Name)); err != nil || !slices.Equal(g.addrs, addrs) {
+			t.Errorf("glibc's getaddrinfo at %s: %d addresses (%v), want all %d after its TCP retry", s.label, len(g.addrs), err, endpoints)
+		}
+		m, err := r.muslLookup(s.ip, fqdn(svc.Name))
+		if err != nil {
+			t.Errorf("musl's getaddrinfo at %s: %v", s.label, err)
+			continue
+		}
+		for _, ip := range m.addrs {
+			if !slices.Contains(addrs, ip) {
+				t.Errorf("musl's getaddrinfo at %s: %s, which the API does not hold", s.label, ip)
+			}
+		}
+		t.Logf("at %s: a plain UDP reply holds %d of the %d addresses; musl's getaddrinfo returned %d", s.label, held[s], endpoints, len(m.addrs))
+		if len(m.addrs) != held[s] {
+			t.Errorf("musl's getaddrinfo at %s returned %d addresses, a plain UDP reply holds %d", s.label, len(m.addrs), held[s])
+		}
+	}
+	if held[viaLinkLocal] != held[straight] || held[viaClusterIP] != held[straight] {
+		t.Errorf("a plain UDP reply holds %v addresses by path, want as many on each", held)
+	}
 }

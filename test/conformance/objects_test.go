@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	manifests "github.com/nodelocaldns/nodelocaldns/examples/kubernetes"
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
@@ -105,7 +104,7 @@ func (r *rig) createPod(namespace, name string, podLabels map[string]string, hos
 			Hostname: hostname, Subdomain: subdomain, NodeName: "simnode",
 			Containers: []corev1.Container{{Name: "querier", Image: "registry.k8s.io/e2e-test-images/agnhost:2.53"}},
 			// No token volume: nothing in the simulated Pod reads one.
-			AutomountServiceAccountToken: ptr.To(false),
+			AutomountServiceAccountToken: new(false),
 		},
 	}, strict)
 	if err != nil {
@@ -150,7 +149,7 @@ func (r *rig) syncEndpointSlice(svc *corev1.Service, pods ...*corev1.Pod) {
 				discoveryv1.LabelManagedBy:   "endpointslice-controller.k8s.io",
 			},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID,
-				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}},
+				Controller: new(true), BlockOwnerDeletion: new(true)}},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 	}
@@ -159,7 +158,7 @@ func (r *rig) syncEndpointSlice(svc *corev1.Service, pods ...*corev1.Pod) {
 		if p.TargetPort.Type == intstr.String || port == 0 {
 			port = p.Port
 		}
-		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr.To(p.Name), Port: ptr.To(port), Protocol: ptr.To(p.Protocol)})
+		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: new(p.Name), Port: new(port), Protocol: new(p.Protocol)})
 	}
 	for _, pod := range pods {
 		if pod.Namespace != svc.Namespace || !selector.Matches(labels.Set(pod.Labels)) {
@@ -167,12 +166,12 @@ func (r *rig) syncEndpointSlice(svc *corev1.Service, pods ...*corev1.Pod) {
 		}
 		ep := discoveryv1.Endpoint{
 			Addresses:  []string{pod.Status.PodIP},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)},
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
-			NodeName:   ptr.To(pod.Spec.NodeName),
+			NodeName:   new(pod.Spec.NodeName),
 		}
 		if pod.Spec.Hostname != "" && pod.Spec.Subdomain == svc.Name {
-			ep.Hostname = ptr.To(pod.Spec.Hostname)
+			ep.Hostname = new(pod.Spec.Hostname)
 		}
 		slice.Endpoints = append(slice.Endpoints, ep)
 	}

@@ -108,6 +108,8 @@ type rig struct {
 	clusterDNS, resolvers, cache *simnode.Process
 	// clusterDNSDir holds the cluster DNS's Corefile, clusterDNSCorefile what it first served.
 	clusterDNSDir, clusterDNSCorefile string
+	// extraSearch follows the cluster's search list in the Pod's resolv.conf (a Pod's dnsConfig.searches).
+	extraSearch []string
 	// barriers numbers the names barrier asks.
 	barriers *atomic.Int64
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -66,10 +67,12 @@ func (n *Node) WriteNetnsFile(ns, name, content string) {
 }
 
 // SetPodResolvConf rewrites the Pod's resolv.conf as the kubelet writes it for a ClusterFirst Pod in the
-// Kubernetes namespace podNamespace: nameserver ip, the search list of that namespace, ndots:5.
-func (n *Node) SetPodResolvConf(ip, podNamespace string) {
+// Kubernetes namespace podNamespace: nameserver ip, the search list of that namespace followed by
+// extraSearch (the Pod's dnsConfig.searches), ndots:5.
+func (n *Node) SetPodResolvConf(ip, podNamespace string, extraSearch ...string) {
 	n.t.Helper()
-	conf := fmt.Sprintf("nameserver %s\nsearch %s.svc.%[3]s svc.%[3]s %[3]s\noptions ndots:5\n", ip, podNamespace, ClusterDomain)
+	search := strings.Join(append([]string{podNamespace + ".svc." + ClusterDomain, "svc." + ClusterDomain, ClusterDomain}, extraSearch...), " ")
+	conf := fmt.Sprintf("nameserver %s\nsearch %s\noptions ndots:5\n", ip, search)
 	if err := os.WriteFile(filepath.Join("/etc/netns", n.PodNS, "resolv.conf"), []byte(conf), 0o644); err != nil {
 		n.t.Fatalf("simnode: %v", err)
 	}
