@@ -17,8 +17,7 @@ import (
 
 // Volume is one projected ConfigMap volume. Its methods are safe for one goroutine at a time.
 type Volume struct {
-	dir     string
-	version int
+	dir string
 }
 
 // New returns the volume at dir, creating the directory (empty, as an optional ConfigMap that does not exist
@@ -35,11 +34,15 @@ func (v *Volume) Dir() string { return v.dir }
 
 // Project makes data (key -> content) the volume's content.
 func (v *Volume) Project(data map[string]string) error {
-	v.version++
-	ts := fmt.Sprintf("..%s.%d", time.Now().UTC().Format("2006_01_02_15_04_05"), v.version)
-	if err := os.Mkdir(filepath.Join(v.dir, ts), 0o755); err != nil {
+	// The kubelet names it ..<timestamp>.<random>; a temporary directory's name is unique the same way.
+	tsDir, err := os.MkdirTemp(v.dir, ".."+time.Now().UTC().Format("2006_01_02_15_04_05")+".")
+	if err != nil {
 		return fmt.Errorf("projecting into %s: %w", v.dir, err)
 	}
+	if err := os.Chmod(tsDir, 0o755); err != nil {
+		return fmt.Errorf("projecting into %s: %w", v.dir, err)
+	}
+	ts := filepath.Base(tsDir)
 	for key, value := range data {
 		if err := os.WriteFile(filepath.Join(v.dir, ts, key), []byte(value), 0o644); err != nil {
 			return fmt.Errorf("projecting %s into %s: %w", key, v.dir, err)

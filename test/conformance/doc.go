@@ -19,8 +19,21 @@
 // its search list, ndots:5) through the node cache on 169.254.20.10 and on the kube-dns ClusterIP, and
 // straight from the cluster DNS's Pod IP; by dig over UDP and over TCP, by glibc's getaddrinfo (getent
 // ahosts) and by a static musl client (testdata/getaddrinfo.c, built with musl-gcc: A and AAAA in parallel,
-// no TCP fallback). Every answer is compared with what the API objects say, so the paths agree with each other.
-// The ExternalName and kube-dns ConfigMap cases wait for changes within the e2e tests' own failure bounds.
+// no TCP fallback). Every answer is compared with what the API objects say, so the paths agree with each
+// other; through the node cache a fully qualified name's whole reply (rcode, flags, answer and additional
+// sections) is compared with the cluster DNS's own, every TTL must be inside the cache's 5-30 s window, and
+// no lookup may reach the cluster DNS from the Pod's own address (kube-proxy's DNAT instead of the cache).
+//
+// The cases: the cluster's names and partial names (dns.go's "for the cluster", "partial qualified names");
+// headless and ClusterIP Services with SRV records and the PTR of a ClusterIP ("for services"); a Service
+// with two EndpointSlices and no selector; a Pod's hostname and subdomain ("for pods for Hostname",
+// "Subdomain"); Pod A records (pods insecure); a headless Service with more endpoints than a 512-byte UDP
+// reply holds; the Pod's long and odd search lists ("more than 6 DNS search paths", "an underscore and a
+// single dot"); an ExternalName Service whose target changes and which becomes a ClusterIP Service ("for
+// ExternalName services"), within validateTargetedProbeOutput's bound; the kube-dns ConfigMap's stub domain
+// and upstream nameservers appearing and going away (dns_configmap.go's "Change stubDomain", its kube-dns
+// branch), within its bound; and the same three dns_configmap.go cases the way they configure a CoreDNS
+// cluster DNS (its own Corefile, reloaded), where only the cluster's zones reach it through the node cache.
 //
 // It needs root, the binaries of `make test-deps` (etcd, kube-apiserver), ip, iptables, conntrack, dig,
 // getent and musl-gcc; under `make test` a missing one is a failure.
