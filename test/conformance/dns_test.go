@@ -73,11 +73,16 @@ func (r *rig) check(t *testing.T, l lookup, on []server) {
 func (r *rig) waitAgree(t *testing.T, l lookup) {
 	t.Helper()
 	start := time.Now()
-	var last []string
-	r.waitWithin(fmt.Sprintf("every client agreeing on %s %s", l.name, l.qtype), eventually, probeInterval, func() bool {
-		last = r.mismatches(l, servers)
-		return len(last) == 0
-	})
+	for {
+		last := r.mismatches(l, servers)
+		if len(last) == 0 {
+			break
+		}
+		if time.Since(start) > eventually {
+			t.Fatalf("every client agreeing on %s %s: not within %v; the last round:\n%s", l.name, l.qtype, eventually, strings.Join(last, "\n"))
+		}
+		time.Sleep(probeInterval)
+	}
 	t.Logf("every client and path answered %s %s as the API says %v later", l.name, l.qtype, time.Since(start).Round(100*time.Millisecond))
 }
 
@@ -141,29 +146,45 @@ func (r *rig) mismatches(l lookup, on []server) []string {
 }
 
 // compareReplies compares, for a name asked as it is (a fully qualified one: no search list), the whole
-// reply through the node cache at s with the cluster DNS's own over UDP and TCP: the rcode, the
-// authoritative and truncation bits, the answer and additional sections (TTLs aside), the OPT record's
-// presence.
+// reply through the node cache at s with the cluster DNS's own over UDP and TCP, for a plain query (glibc's
+// and musl's) and for one with EDNS and the AD bit (dig's): the rcode, the authoritative, truncation and AD
+// bits, the answer, authority and additional sections (TTLs, the SOA's serial and MINIMUM aside), the OPT record and
+// its DO bit. The cluster DNS's kubernetes plugin answers the queries of its zones with the same records
+// whatever the cache holds, so a difference is the cache's.
 func (r *rig) compareReplies(l lookup, s server) []string {
 	if !strings.HasSuffix(l.name, ".cluster.local") && !strings.HasSuffix(l.name, ".arpa") {
 		return nil
 	}
 	var found []string
-	qtype := dns.StringToType[l.qtype]
 	for _, network := range []string{"udp", "tcp"} {
-		direct, err := r.n.Query(r.n.PodNS, network, straight.ip+":53", l.name, qtype)
-		if err != nil {
-			found = append(found, fmt.Sprintf("%s %s over %s at %s: %v", l.name, l.qtype, network, straight.label, err))
-			continue
-		}
-		cached, err := r.n.Query(r.n.PodNS, network, s.ip+":53", l.name, qtype)
-		if err != nil {
-			found = append(found, fmt.Sprintf("%s %s over %s at %s: %v", l.name, l.qtype, network, s.label, err))
-			continue
-		}
-		if d, c := summary(direct), summary(cached); d != c {
-			found = append(found, fmt.Sprintf("%s %s over %s: the reply at %s differs from the cluster DNS's own:\n%s\nthe cluster DNS's:\n%s",
-				l.name, l.qtype, network, s.label, c, d))
+		for _, edns := range []bool{false, true} {
+			query := func() *dns.Msg {
+				m := new(dns.Msg)
+				m.SetQuestion(dns.Fqdn(l.name), dns.StringToType[l.qtype])
+				if edns {
+					m.AuthenticatedData = true
+					m.SetEdns0(1232, false)
+				}
+				return m
+			}
+			flavour := "a plain query"
+			if edns {
+				flavour = "an EDNS query with AD"
+			}
+			direct, err := r.n.Exchange(r.n.PodNS, network, query(), straight.ip+":53")
+			if err != nil {
+				found = append(found, fmt.Sprintf("%s %s, %s over %s at %s: %v", l.name, l.qtype, flavour, network, straight.label, err))
+				continue
+			}
+			cached, err := r.n.Exchange(r.n.PodNS, network, query(), s.ip+":53")
+			if err != nil {
+				found = append(found, fmt.Sprintf("%s %s, %s over %s at %s: %v", l.name, l.qtype, flavour, network, s.label, err))
+				continue
+			}
+			if d, c := summary(direct), summary(cached); d != c {
+				found = append(found, fmt.Sprintf("%s %s, %s over %s: the reply at %s differs from the cluster DNS's own:\n%s\nthe cluster DNS's:\n%s",
+					l.name, l.qtype, flavour, network, s.label, c, d))
+			}
 		}
 	}
 	return found
@@ -171,14 +192,28 @@ func (r *rig) compareReplies(l lookup, s server) []string {
 
 // summary is what compareReplies compares of a reply.
 func summary(m *dns.Msg) string {
-	var extra []dns.RR
+	var extra, ns []dns.RR
 	for _, rr := range m.Extra {
 		if rr.Header().Rrtype != dns.TypeOPT {
 			extra = append(extra, rr)
 		}
 	}
-	return fmt.Sprintf("rcode %s, aa %v, tc %v, opt %v\nanswer %q\nadditional %q", dns.RcodeToString[m.Rcode], m.Authoritative, m.Truncated,
-		m.IsEdns0() != nil, records(m.Answer), records(extra))
+	for _, rr := range m.Ns {
+		if soa, ok := rr.(*dns.SOA); ok {
+			// The serial is the cluster DNS's last change; clamp keeps the MINIMUM, a negative TTL, in its
+			// denial window, as it does the SOA's own TTL.
+			soa = dns.Copy(soa).(*dns.SOA)
+			soa.Serial, soa.Minttl = 0, 0
+			rr = soa
+		}
+		ns = append(ns, rr)
+	}
+	opt := "no OPT"
+	if o := m.IsEdns0(); o != nil {
+		opt = fmt.Sprintf("OPT do %v", o.Do())
+	}
+	return fmt.Sprintf("rcode %s, aa %v, tc %v, ad %v, %s\nanswer %q\nauthority %q\nadditional %q", dns.RcodeToString[m.Rcode], m.Authoritative,
+		m.Truncated, m.AuthenticatedData, opt, records(m.Answer), records(ns), records(extra))
 }
 
 // barrier asks the cluster DNS straight from the Pod for a name of its own and waits until its query log
@@ -268,6 +303,9 @@ func TestConformance(t *testing.T) {
 			{name: headless.Name + "." + testNamespace + ".svc", qtype: "A", want: headlessA, addrs: []string{querier.Status.PodIP}},
 			{name: "_http._tcp." + headless.Name + "." + testNamespace + ".svc", qtype: "SRV", want: headlessSRV},
 			{name: "_http._tcp." + regular.Name + "." + testNamespace + ".svc", qtype: "SRV", want: regularSRV},
+			// What the API does not hold: a Service of no such name, and the AAAA records of an IPv4 one.
+			{name: fqdn("no-such-service"), qtype: "A", want: nil},
+			{name: fqdn(regular.Name), qtype: "AAAA", want: nil},
 			// The querier's own name, by its hostname and subdomain (the e2e's hostEntries).
 			{name: "dns-querier-1." + fqdn(headless.Name), qtype: "A", want: []string{a("dns-querier-1."+fqdn(headless.Name), querier.Status.PodIP)},
 				addrs: []string{querier.Status.PodIP}},
