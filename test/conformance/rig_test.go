@@ -28,13 +28,13 @@ import (
 // nodeCache is the node cache's binary (cmd/node-cache, as its image holds it), built once per test binary.
 var nodeCache = simnode.SharedBuild{Prefix: "nodelocaldns-conformance-"}
 
-// clusterDNS is examples/coredns, the CoreDNS the cluster-DNS Pod runs, built once per test binary.
-var clusterDNS goBuild
+// clusterDNSBuild is examples/coredns, the CoreDNS the cluster-DNS Pod runs, built once per test binary.
+var clusterDNSBuild goBuild
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	nodeCache.Remove()
-	clusterDNS.remove()
+	clusterDNSBuild.remove()
 	os.Exit(code)
 }
 
@@ -119,7 +119,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	privtest.RequirePrivileged(t, append(slices.Clone(simnode.Tools), "go", "dig", "getent", "musl-gcc")...)
 	bin := nodeCache.Binary(t)
-	coredns := clusterDNS.binary(t, "./examples/coredns")
+	coredns := clusterDNSBuild.binary(t, "./examples/coredns")
 	r := &rig{t: t, dir: t.TempDir(), barriers: new(atomic.Int64)}
 	r.musl = buildMusl(t)
 	r.api = kubeapi.StartWithOptions(t, kubeapi.Options{ServiceCIDRs: "10.96.0.0/16"})
