@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/configmapvolume"
 )
 
 type dropInFixture struct {
@@ -183,48 +185,16 @@ func TestDropInUnknownDirective(t *testing.T) {
 	}
 }
 
-// writeConfigMap updates a ConfigMap volume the way kubelet's atomic writer does: the files go into a new
-// hidden directory, the ..data symlink is swapped to it in one rename, and each key is a symlink through
-// ..data, so a reader sees all the old files or all the new ones, never one half-written.
+// writeConfigMap updates a ConfigMap volume the way kubelet's atomic writer does (package configmapvolume):
+// a reader sees all the old files or all the new ones, never one half-written.
 func writeConfigMap(t *testing.T, dir string, data map[string]string) {
 	t.Helper()
-	old, _ := os.Readlink(filepath.Join(dir, "..data"))
-	ts, err := os.MkdirTemp(dir, "..20") //nolint:usetesting // inside the volume, as kubelet names it
+	v, err := configmapvolume.New(dir)
+	if err == nil {
+		err = v.Project(data)
+	}
 	if err != nil {
 		t.Fatal(err)
-	}
-	for key, value := range data {
-		if err := os.WriteFile(filepath.Join(ts, key), []byte(value), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tmp := filepath.Join(dir, "..data_tmp")
-	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if _, keep := data[e.Name()]; !keep && !strings.HasPrefix(e.Name(), "..") {
-			os.Remove(filepath.Join(dir, e.Name()))
-		}
-	}
-	for key := range data {
-		link := filepath.Join(dir, key)
-		if _, err := os.Lstat(link); err == nil {
-			continue
-		}
-		if err := os.Symlink(filepath.Join("..data", key), link); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if old != "" {
-		os.RemoveAll(filepath.Join(dir, old))
 	}
 }
 

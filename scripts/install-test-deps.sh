@@ -62,6 +62,8 @@ declare -A package_of=(
 	# A real Prometheus for the chart's alerts (examples/kubernetes runs promtool, test/faults the server).
 	[prometheus]=prometheus
 	[promtool]=prometheus
+	# The conformance tier (test/conformance) builds a static musl client, as Alpine-based Pods resolve.
+	[musl-gcc]=musl-tools
 )
 
 missing=()

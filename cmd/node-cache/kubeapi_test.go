@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
 	manifests "github.com/nodelocaldns/nodelocaldns/examples/kubernetes"
+	"github.com/nodelocaldns/nodelocaldns/internal/configmapvolume"
 	"github.com/nodelocaldns/nodelocaldns/internal/kubeapi"
 )
 
@@ -190,20 +190,19 @@ func readConfigMap(t *testing.T, client kubernetes.Interface, namespace, name st
 	return cm
 }
 
-// projectedVolume is a ConfigMap volume laid out as the kubelet's atomic writer does: the data in a
-// directory named ..<timestamp>, a symlink ..data to it that is replaced in one rename on every update, and
-// for each file a symlink FILE -> ..data/FILE in the volume's root.
+// projectedVolume is a ConfigMap volume laid out as the kubelet's atomic writer does (package
+// configmapvolume), with the volume's items.
 type projectedVolume struct {
-	dir     string
-	version int
+	v *configmapvolume.Volume
 }
 
 func newProjectedVolume(t *testing.T, dir string) *projectedVolume {
 	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	v, err := configmapvolume.New(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return &projectedVolume{dir: dir}
+	return &projectedVolume{v: v}
 }
 
 // project writes cm's data (every key, or only items when the volume lists them) as the volume's new
@@ -221,51 +220,7 @@ func (v *projectedVolume) project(t *testing.T, cm *corev1.ConfigMap, items []co
 		}
 		files[it.Path] = val
 	}
-
-	v.version++
-	tsDir := fmt.Sprintf("..%s.%d", time.Now().UTC().Format("2006_01_02_15_04_05"), v.version)
-	if err := os.Mkdir(filepath.Join(v.dir, tsDir), 0o755); err != nil {
+	if err := v.v.Project(files); err != nil {
 		t.Fatal(err)
-	}
-	for name, val := range files {
-		if err := os.WriteFile(filepath.Join(v.dir, tsDir, name), []byte(val), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old, _ := os.Readlink(filepath.Join(v.dir, "..data"))
-	tmp := filepath.Join(v.dir, "..data_tmp")
-	if err := os.Symlink(tsDir, tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(v.dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	// Symlinks for new files; those of files the update removed go.
-	entries, err := os.ReadDir(v.dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if name := e.Name(); !strings.HasPrefix(name, "..") {
-			if _, keep := files[name]; !keep {
-				if err := os.Remove(filepath.Join(v.dir, name)); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
-	for name := range files {
-		link := filepath.Join(v.dir, name)
-		if _, err := os.Lstat(link); err == nil {
-			continue
-		}
-		if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if old != "" {
-		if err := os.RemoveAll(filepath.Join(v.dir, old)); err != nil {
-			t.Fatal(err)
-		}
 	}
 }

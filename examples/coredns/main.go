@@ -29,6 +29,13 @@ import (
 	_ "github.com/coredns/coredns/plugin/metrics"
 	_ "github.com/coredns/coredns/plugin/ready"
 
+	// And those of kubeadm's CoreDNS Corefile, so that this build can be a cluster's DNS too: the
+	// conformance tier (test/conformance) runs it as the cluster DNS against a real kube-apiserver.
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/loop"
+	_ "github.com/coredns/coredns/plugin/reload"
+
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"

@@ -126,13 +126,27 @@ func RequireBinaries(t testing.TB) Binaries {
 	return Binaries{}
 }
 
+// Options change how a server runs; the zero value is what Start and New run.
+type Options struct {
+	// ServiceCIDRs is the Service ClusterIP range or ranges (--service-cluster-ip-range), comma-separated;
+	// empty means ServiceCIDR and ServiceCIDRv6. A simulated node whose ClusterIPs live only in its own
+	// namespaces (test/conformance) gives the cluster's 10.96.0.0/16.
+	ServiceCIDRs string
+}
+
 // Start runs a server for the test, in the test's temporary directory, and stops it when the test ends.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartWithOptions(t, Options{})
+}
+
+// StartWithOptions is Start with opts.
+func StartWithOptions(t testing.TB, opts Options) *Server {
 	t.Helper()
 	bin := RequireBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
 	defer cancel()
-	s, err := New(ctx, bin, t.TempDir())
+	s, err := NewWithOptions(ctx, bin, t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,6 +161,7 @@ func Start(t testing.TB) *Server {
 // Server is etcd and kube-apiserver on loopback. Its methods are safe for one goroutine at a time.
 type Server struct {
 	bin        Binaries
+	opts       Options
 	dir        string
 	adminToken string
 	caFile     string
@@ -161,7 +176,12 @@ type Server struct {
 // New starts etcd and kube-apiserver with their data, certificates and logs in dir and returns once the API
 // server is ready. The caller must Stop it.
 func New(ctx context.Context, bin Binaries, dir string) (*Server, error) {
-	s := &Server{bin: bin, dir: dir}
+	return NewWithOptions(ctx, bin, dir, Options{})
+}
+
+// NewWithOptions is New with opts.
+func NewWithOptions(ctx context.Context, bin Binaries, dir string, opts Options) (*Server, error) {
+	s := &Server{bin: bin, dir: dir, opts: opts}
 	if err := s.writeFiles(); err != nil {
 		return nil, err
 	}
@@ -253,6 +273,10 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 }
 
 func (s *Server) runAPIServer(ctx context.Context) (*process, error) {
+	serviceCIDRs := s.opts.ServiceCIDRs
+	if serviceCIDRs == "" {
+		serviceCIDRs = ServiceCIDR + "," + ServiceCIDRv6
+	}
 	args := []string{
 		"--etcd-servers=" + s.etcdURL,
 		"--bind-address=127.0.0.1",
@@ -265,7 +289,7 @@ func (s *Server) runAPIServer(ctx context.Context) (*process, error) {
 		"--service-account-issuer=" + ServiceAccountIssuer,
 		"--service-account-key-file=" + filepath.Join(s.dir, "sa.pub"),
 		"--service-account-signing-key-file=" + filepath.Join(s.dir, "sa.key"),
-		"--service-cluster-ip-range=" + ServiceCIDR + "," + ServiceCIDRv6,
+		"--service-cluster-ip-range=" + serviceCIDRs,
 		// The default reconciler refuses a loopback advertise address.
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",

@@ -302,10 +302,7 @@ func (n *Node) writePodResolvConf() {
 // list and ndots. Commands started in the Pod afterwards use it.
 func (n *Node) SetPodNameserver(ip string) {
 	n.t.Helper()
-	conf := fmt.Sprintf("nameserver %s\nsearch default.svc.%[2]s svc.%[2]s %[2]s\noptions ndots:5\n", ip, ClusterDomain)
-	if err := os.WriteFile(filepath.Join("/etc/netns", n.PodNS, "resolv.conf"), []byte(conf), 0o644); err != nil {
-		n.t.Fatalf("simnode: %v", err)
-	}
+	n.SetPodResolvConf(ip, "default")
 }
 
 // remove deletes the namespaces and the Pod's /etc/netns directory. Processes started with Start are
