@@ -100,11 +100,24 @@ func newRigMode(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
 	return newRigWith(t, backend, mode, false)
 }
 
-// newRigWith is newRigMode; quiet starts the cluster DNS without its query log, for load.
+// newRigWith is newRigMode; quiet starts the cluster DNS without its query log, for load. The node's rules
+// are a real kube-proxy's (simnode.NewWithKubeProxy).
 func newRigWith(t *testing.T, backend string, mode simnode.KubeProxyMode, quiet bool) *rig {
 	t.Helper()
+	return newRigOn(t, backend, quiet, func() *simnode.Node { return simnode.NewWithKubeProxy(t, mode) })
+}
+
+// newEmulatedRig is newRigMode on a node whose kube-proxy rules simnode writes by hand, for a case that
+// needs what a real kube-proxy cannot be made to do.
+func newEmulatedRig(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
+	t.Helper()
+	return newRigOn(t, backend, false, func() *simnode.Node { return simnode.NewWithMode(t, mode) })
+}
+
+func newRigOn(t *testing.T, backend string, quiet bool, node func() *simnode.Node) *rig {
+	t.Helper()
 	bin := binary(t)
-	n := simnode.NewWithMode(t, mode)
+	n := node()
 	var clusterDNS *simnode.Process
 	if quiet {
 		clusterDNS = n.StartQuietClusterDNS(bin)

@@ -81,8 +81,13 @@ type Node struct {
 	NodeNS, PodNS, DNSNS, ExtNS string
 	// Mode is the simulated kube-proxy's mode.
 	Mode KubeProxyMode
+	// KubeProxy is the real kube-proxy of a node built by NewWithKubeProxy, nil where the rules are
+	// written by hand.
+	KubeProxy *KubeProxy
 
 	t testing.TB
+	// extraNS are namespaces added after New (AddClusterDNSPod's), removed with the others.
+	extraNS []string
 }
 
 // New builds a simulated node with kube-proxy in iptables mode and registers its removal with t.Cleanup.
@@ -93,6 +98,13 @@ func New(t testing.TB) *Node {
 
 // NewWithMode builds a simulated node with kube-proxy in mode and registers its removal with t.Cleanup.
 func NewWithMode(t testing.TB, mode KubeProxyMode) *Node {
+	t.Helper()
+	return newNode(t, mode, nil)
+}
+
+// newNode builds the node; with setup, a real kube-proxy writes the rules (kubeproxy.go), else they are
+// written here.
+func newNode(t testing.TB, mode KubeProxyMode, setup *KubeProxySetup) *Node {
 	t.Helper()
 	if mode == NFTablesMode {
 		privtest.RequirePrivileged(t, NFTablesTools...)
@@ -120,9 +132,12 @@ func NewWithMode(t testing.TB, mode KubeProxyMode) *Node {
 	// ClusterIPs need a route for host-network traffic before nat OUTPUT rewrites them.
 	n.mustIn(n.NodeNS, "ip", "route", "add", "default", "via", ExtResolverIP)
 	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	if mode == NFTablesMode {
+	switch {
+	case setup != nil:
+		n.startKubeProxy(*setup)
+	case mode == NFTablesMode:
 		n.installKubeProxyNFTables()
-	} else {
+	default:
 		n.installKubeProxyRules()
 	}
 	n.writePodResolvConf()
@@ -244,9 +259,14 @@ func (n *Node) installKubeProxyNFTables() {
 
 // SetUpstreamEndpoint makes kube-proxy's rules send kube-dns-upstream's ClusterIP to ip:53 (UDP and TCP),
 // as kube-proxy rewrites them when the cluster-DNS Pods behind the Service move; kube-dns keeps its
-// endpoint. An ip no Pod has makes lookups through kube-dns-upstream time out.
+// endpoint. An ip no Pod has makes lookups through kube-dns-upstream time out. With a real kube-proxy it
+// changes the Service's EndpointSlice and waits until kube-proxy has synced the change.
 func (n *Node) SetUpstreamEndpoint(ip string) {
 	n.t.Helper()
+	if n.KubeProxy != nil {
+		n.KubeProxy.SetUpstreamEndpoints(ip)
+		return
+	}
 	var b strings.Builder
 	var name string
 	var cmd []string
@@ -311,7 +331,7 @@ func (n *Node) SetPodNameserver(ip string) {
 // remove deletes the namespaces and the Pod's /etc/netns directory. Processes started with Start are
 // killed by their own cleanups, which run before this one.
 func (n *Node) remove() {
-	for _, ns := range []string{n.PodNS, n.DNSNS, n.ExtNS, n.NodeNS} {
+	for _, ns := range append(append([]string{n.PodNS, n.DNSNS, n.ExtNS}, n.extraNS...), n.NodeNS) {
 		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil &&
 			!strings.Contains(string(out), "No such file") {
 			n.t.Errorf("simnode: deleting namespace %s: %v: %s", ns, err, out)
@@ -419,6 +439,22 @@ func (n *Node) Start(ns, name string, args ...string) *Process {
 // StartEnv is Start with env as the process's whole environment (nil: this process's).
 func (n *Node) StartEnv(ns string, env []string, name string, args ...string) *Process {
 	n.t.Helper()
+	p := n.startProcess(ns, env, name, args...)
+	n.t.Cleanup(func() {
+		if !p.Exited() {
+			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+			<-p.done
+		}
+		if n.t.Failed() {
+			n.t.Logf("output of %s in %s (pid %d):\n%s", name, ns, p.Cmd.Process.Pid, p.Output())
+		}
+	})
+	return p
+}
+
+// startProcess starts name in namespace ns, with no cleanup: the caller's.
+func (n *Node) startProcess(ns string, env []string, name string, args ...string) *Process {
+	n.t.Helper()
 	p := &Process{done: make(chan struct{})}
 	p.Cmd = n.command(context.Background(), ns, name, args...)
 	p.Cmd.Env = env
@@ -430,15 +466,6 @@ func (n *Node) StartEnv(ns string, env []string, name string, args ...string) *P
 		p.err = p.Cmd.Wait()
 		close(p.done)
 	}()
-	n.t.Cleanup(func() {
-		if !p.Exited() {
-			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-		if n.t.Failed() {
-			n.t.Logf("output of %s in %s (pid %d):\n%s", name, ns, p.Cmd.Process.Pid, p.Output())
-		}
-	})
 	return p
 }
 
