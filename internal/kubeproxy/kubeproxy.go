@@ -85,7 +85,9 @@ type Config struct {
 	ClusterCIDRs []netip.Prefix
 	// MetricsAddress and HealthzAddress are host:port in kube-proxy's network namespace.
 	MetricsAddress, HealthzAddress string
-	// SyncPeriod is how often kube-proxy syncs without a change (0: kube-proxy's default, 30s).
+	// SyncPeriod is the mode's syncPeriod (0: kube-proxy's default, 30s). Since kube-proxy 1.32 it is not
+	// a period of syncs without changes (a full resync is hourly): it is how soon a failed sync is retried
+	// and, in iptables mode, how often kube-proxy checks that its canary chains still exist.
 	SyncPeriod time.Duration
 }
 
@@ -241,10 +243,11 @@ type Port struct {
 }
 
 // CreateService creates a Service without a selector (its EndpointSlices are SetEndpoints'), on
-// clusterIPs, one per family with the primary first: SingleStack with one, RequireDualStack with two.
+// clusterIPs, one per family with the primary first: SingleStack with one, RequireDualStack with two;
+// none lets the API server pick one of the primary family.
 func CreateService(ctx context.Context, admin kubernetes.Interface, namespace, name string, clusterIPs []netip.Addr, ports []Port) error {
-	if len(clusterIPs) == 0 || len(clusterIPs) > 2 {
-		return fmt.Errorf("Service %s/%s: %d ClusterIPs, want one or one per family", namespace, name, len(clusterIPs))
+	if len(clusterIPs) > 2 {
+		return fmt.Errorf("creating Service %s/%s: %d ClusterIPs, want one per family at most", namespace, name, len(clusterIPs))
 	}
 	policy := corev1.IPFamilyPolicySingleStack
 	if len(clusterIPs) == 2 {
@@ -258,7 +261,9 @@ func CreateService(ctx context.Context, admin kubernetes.Interface, namespace, n
 		svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, ip.String())
 		svc.Spec.IPFamilies = append(svc.Spec.IPFamilies, familyOf(ip))
 	}
-	svc.Spec.ClusterIP = svc.Spec.ClusterIPs[0]
+	if len(clusterIPs) > 0 {
+		svc.Spec.ClusterIP = svc.Spec.ClusterIPs[0]
+	}
 	for _, p := range ports {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: intstr.FromInt32(p.Port)})
 	}
@@ -284,7 +289,7 @@ func SetEndpoints(ctx context.Context, admin kubernetes.Interface, namespace, se
 		ready := true
 		byFamily[t] = append(byFamily[t], discoveryv1.Endpoint{Addresses: []string{a.String()}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
 	}
-	var slicePorts []discoveryv1.EndpointPort
+	slicePorts := make([]discoveryv1.EndpointPort, 0, len(ports))
 	for _, p := range ports {
 		slicePorts = append(slicePorts, discoveryv1.EndpointPort{Name: &p.Name, Protocol: &p.Protocol, Port: &p.Port})
 	}
@@ -340,14 +345,14 @@ type SyncMetrics struct {
 // counters maps the names kube-proxy exports to the fields of SyncMetrics that add up across labels.
 func (m *SyncMetrics) counters() map[string]*float64 {
 	return map[string]*float64{
-		"kubeproxy_sync_proxy_rules_duration_seconds_count":                 &m.Syncs,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_total":                 &m.EndpointChanges,
-		"kubeproxy_sync_proxy_rules_service_changes_total":                  &m.ServiceChanges,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_pending":               &m.EndpointChangesPending,
-		"kubeproxy_sync_proxy_rules_service_changes_pending":                &m.ServiceChangesPending,
-		"kubeproxy_sync_proxy_rules_iptables_restore_failures_total":        &m.Failures,
+		"kubeproxy_sync_proxy_rules_duration_seconds_count":                  &m.Syncs,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total":                  &m.EndpointChanges,
+		"kubeproxy_sync_proxy_rules_service_changes_total":                   &m.ServiceChanges,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending":                &m.EndpointChangesPending,
+		"kubeproxy_sync_proxy_rules_service_changes_pending":                 &m.ServiceChangesPending,
+		"kubeproxy_sync_proxy_rules_iptables_restore_failures_total":         &m.Failures,
 		"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": &m.Failures,
-		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total":           &m.Failures,
+		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total":            &m.Failures,
 	}
 }
 

@@ -7,12 +7,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
-// What only a real kube-proxy shows: it resyncs (every second here) and restarts under the cache's rules,
+// What only a real kube-proxy shows: it syncs (changes of another Service make it) and restarts under the
+// cache's rules,
 // under the guard's divert and under a hand-over's; the cluster-DNS Pod moves while the divert stands; and
 // kube-dns-upstream loses every endpoint while diverted and gets them back. kube-proxy's syncs must keep
 // succeeding (its kubeproxy_sync_proxy_rules_* metrics, checked again when each test ends) and lookups must
@@ -21,10 +21,10 @@ import (
 //
 //	NODELOCALDNS_REQUIRE_PRIVILEGED=1 go test -v -run TestRealKubeProxy ./test/faults/
 
-// resyncs is how many syncs without a change each case waits for.
+// resyncs is how many syncs each case makes kube-proxy run (simnode's KubeProxy.Churn).
 const resyncs = 3
 
-// eachMode runs fn in a subtest per kube-proxy mode, on a rig whose kube-proxy syncs every second.
+// eachMode runs fn in a subtest per kube-proxy mode, on a rig with a real kube-proxy.
 func eachMode(t *testing.T, fn func(t *testing.T, r *rig)) {
 	for _, mode := range []simnode.KubeProxyMode{simnode.IPTablesMode, simnode.NFTablesMode} {
 		t.Run(string(mode), func(t *testing.T) {
@@ -32,34 +32,23 @@ func eachMode(t *testing.T, fn func(t *testing.T, r *rig)) {
 			if mode == simnode.IPTablesMode {
 				backend = "nft" // the rig's iptables commands are named after the flavour
 			}
-			r := newRigOn(t, backend, false, func() *simnode.Node {
-				setup := simnode.DefaultKubeProxySetup()
-				setup.SyncPeriod = time.Second
-				return simnode.NewWithKubeProxySetup(t, mode, setup)
-			})
-			fn(t, r)
+			fn(t, newRigMode(t, backend, mode))
 		})
 	}
 }
 
-// kubeProxyChurn lets kube-proxy resync, restarts it with SIGTERM, lets it resync, SIGKILLs it and starts
-// it again, and after each step runs check. It logs what kube-proxy said about its syncs.
+// kubeProxyChurn makes kube-proxy sync (Churn), restarts it with SIGTERM (a full sync), makes it sync again,
+// SIGKILLs it and starts it again, and after each step runs check. It logs what kube-proxy said about its
+// syncs.
 func (r *rig) kubeProxyChurn(check func(step string)) {
 	r.t.Helper()
 	kp := r.n.KubeProxy
-	before, err := kp.Metrics()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	m := kp.WaitForResyncs(before, resyncs)
-	check(fmt.Sprintf("after %d resyncs", resyncs))
+	m := kp.Churn(resyncs)
+	check(fmt.Sprintf("after %d syncs", resyncs))
 	kp.Restart(syscall.SIGTERM)
 	check("after kube-proxy restarted")
-	m2, err := kp.Metrics()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	kp.WaitForResyncs(m2, resyncs)
+	kp.Churn(resyncs)
+	check(fmt.Sprintf("after %d more syncs", resyncs))
 	kp.Stop(syscall.SIGKILL)
 	kp.Start()
 	check("after kube-proxy was SIGKILLed and started again")
@@ -214,11 +203,7 @@ func TestRealKubeProxyUpstreamLosesItsEndpointsWhileDiverted(t *testing.T) {
 		r.failOpen()
 		kp := r.n.KubeProxy
 		kp.SetUpstreamEndpoints()
-		before, err := kp.Metrics()
-		if err != nil {
-			t.Fatal(err)
-		}
-		kp.WaitForResyncs(before, resyncs)
+		kp.Churn(resyncs)
 		r.answered("while kube-dns-upstream has no endpoint", kubeDNS)
 		lookup := r.podQuery(linkLocal)
 		t.Logf("a link-local lookup while kube-dns-upstream has no endpoint: %v; the divert:\n%s", lookup, r.divert())
@@ -249,4 +234,3 @@ func TestRealKubeProxyDivertsToEveryEndpoint(t *testing.T) {
 		r.answered("with two endpoints", kubeDNS, linkLocal)
 	})
 }
-

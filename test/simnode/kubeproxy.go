@@ -73,7 +73,8 @@ type KubeProxySetup struct {
 	KubeDNS, Upstream []netip.Addr
 	// ClusterDNSPods are the endpoints of both Services.
 	ClusterDNSPods []netip.Addr
-	// SyncPeriod is kube-proxy's sync period without changes (0: its default, 30s).
+	// SyncPeriod is kube-proxy's syncPeriod (kubeproxy.Config's; 0: its default). kube-proxy syncs on
+	// changes, not periodically: Churn makes it sync.
 	SyncPeriod time.Duration
 }
 
@@ -124,6 +125,49 @@ type KubeProxy struct {
 	runs []*Process
 	// stopped is set while kube-proxy is stopped by Stop.
 	stopped bool
+	// churns counts Churn's changes; 0 before the first, which creates its Service.
+	churns int
+}
+
+// ChurnService is the Service, in namespace default, whose endpoints Churn changes; nothing asks it.
+const ChurnService = "churn"
+
+// Churn makes kube-proxy sync n times, as the changes of a busy cluster do: each time it moves the one
+// endpoint of ChurnService (created on first use) and waits until kube-proxy has seen the change and synced
+// it. It returns kube-proxy's metrics then, and fails the test if a sync failed.
+func (kp *KubeProxy) Churn(n int) kubeproxy.SyncMetrics {
+	kp.n.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), kubeProxyWait)
+	defer cancel()
+	ports := []kubeproxy.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}
+	if kp.churns == 0 {
+		if err := kubeproxy.CreateService(ctx, kp.Admin, metav1.NamespaceDefault, ChurnService, nil, ports); err != nil {
+			kp.n.t.Fatalf("simnode: %v", err)
+		}
+	}
+	m, err := kp.Metrics()
+	if err != nil {
+		kp.n.t.Fatalf("simnode: %v", err)
+	}
+	for range n {
+		before := m
+		kp.churns++
+		ep := netip.AddrFrom4([4]byte{10, 244, 2, byte(10 + kp.churns%200)})
+		if err := kubeproxy.SetEndpoints(ctx, kp.Admin, metav1.NamespaceDefault, ChurnService, ports, []netip.Addr{ep}); err != nil {
+			kp.n.t.Fatalf("simnode: %v", err)
+		}
+		kp.waitFor("kube-proxy's sync of a change", func() (bool, error) {
+			m, err = kp.Metrics()
+			if err != nil {
+				return false, err
+			}
+			if m.Failures > before.Failures {
+				kp.n.t.Fatalf("simnode: kube-proxy's sync failed (%v, before %v):\n%s", m, before, kp.tail())
+			}
+			return m.EndpointChanges > before.EndpointChanges && m.Syncs > before.Syncs && m.Synced(), nil
+		})
+	}
+	return m
 }
 
 // startKubeProxy starts the API server, writes the objects kube-proxy reads, starts kube-proxy in the node
@@ -131,7 +175,7 @@ type KubeProxy struct {
 func (n *Node) startKubeProxy(setup KubeProxySetup) {
 	n.t.Helper()
 	binary := kubeproxy.RequireBinary(n.t)
-	var cidrs []string
+	cidrs := make([]string, 0, len(setup.ServiceCIDRs))
 	for _, p := range setup.ServiceCIDRs {
 		cidrs = append(cidrs, p.String())
 	}
@@ -262,25 +306,6 @@ func (kp *KubeProxy) WaitForSync() kubeproxy.SyncMetrics {
 	return m
 }
 
-// WaitForResyncs waits until kube-proxy has run n more syncs than it had when before was read, all of them
-// successful, and returns its metrics then.
-func (kp *KubeProxy) WaitForResyncs(before kubeproxy.SyncMetrics, n int) kubeproxy.SyncMetrics {
-	kp.n.t.Helper()
-	var m kubeproxy.SyncMetrics
-	kp.waitFor(fmt.Sprintf("%d more syncs of kube-proxy", n), func() (bool, error) {
-		var err error
-		m, err = kp.Metrics()
-		if err != nil {
-			return false, err
-		}
-		if m.Failures > before.Failures {
-			kp.n.t.Fatalf("simnode: kube-proxy's sync failed (%v, before %v):\n%s", m, before, kp.tail())
-		}
-		return m.Syncs >= before.Syncs+float64(n) && m.Synced(), nil
-	})
-	return m
-}
-
 // SetUpstreamEndpoints makes ips the endpoints of kube-dns-upstream (none: it has no endpoint) and waits
 // until kube-proxy's rules say so.
 func (kp *KubeProxy) SetUpstreamEndpoints(ips ...string) {
@@ -306,6 +331,23 @@ func (kp *KubeProxy) SetEndpoints(svc string, ips ...string) {
 		kp.n.t.Fatalf("simnode: %v", err)
 	}
 	kp.WaitForEndpoints(svc, addrs...)
+}
+
+// DeleteService deletes Service svc (kube-dns or kube-dns-upstream) and its EndpointSlices, and waits
+// until kube-proxy's rules no longer send its ClusterIP anywhere.
+func (kp *KubeProxy) DeleteService(svc string) {
+	kp.n.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), kubeProxyWait)
+	defer cancel()
+	if err := kp.Admin.CoreV1().Services(metav1.NamespaceSystem).Delete(ctx, svc, metav1.DeleteOptions{}); err != nil {
+		kp.n.t.Fatalf("simnode: deleting Service %s: %v", svc, err)
+	}
+	err := kp.Admin.DiscoveryV1().EndpointSlices(metav1.NamespaceSystem).DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + svc})
+	if err != nil {
+		kp.n.t.Fatalf("simnode: deleting the EndpointSlices of %s: %v", svc, err)
+	}
+	kp.WaitForEndpoints(svc)
 }
 
 // WaitForEndpoints waits until kube-proxy has synced and its rules send svc's ClusterIP, on UDP and TCP

@@ -19,6 +19,16 @@
 // new connections to a ClusterIP's other ports, and no KUBE-* iptables chain at all. Every address above
 // exists only inside namespaces the test created, and every namespace, file and process is removed in
 // t.Cleanup, also when the test fails.
+//
+// NewWithKubeProxy builds the same node with the rules of a real kube-proxy instead (kubeproxy.go):
+// kube-proxy at kube-apiserver's version, built by scripts/build-kube-apiserver.sh, runs in the node
+// namespace in either mode against a real kube-apiserver (package kubeapi, its Service range ServiceCIDR,
+// reached through a relay on the node's loopback) that holds the Node, kube-dns and kube-dns-upstream with
+// EndpointSlices for the cluster-DNS Pod. Node.KubeProxy then restarts it, reads its sync metrics, and
+// changes the Services' endpoints (AddClusterDNSPod adds a second cluster-DNS Pod to move to), each change
+// waiting until kube-proxy's rules show it; a kube-proxy that died or failed a sync fails the test. Its
+// KubeProxySetup takes a list per family, for a dual-stack node. The hand-written rules remain for tests of
+// the cache alone, and for cases a real kube-proxy cannot be made to show.
 package simnode
 
 import (
