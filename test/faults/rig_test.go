@@ -107,13 +107,6 @@ func newRigWith(t *testing.T, backend string, mode simnode.KubeProxyMode, quiet 
 	return newRigOn(t, backend, quiet, func() *simnode.Node { return simnode.NewWithKubeProxy(t, mode) })
 }
 
-// newEmulatedRig is newRigMode on a node whose kube-proxy rules simnode writes by hand, for a case that
-// needs what a real kube-proxy cannot be made to do.
-func newEmulatedRig(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
-	t.Helper()
-	return newRigOn(t, backend, false, func() *simnode.Node { return simnode.NewWithMode(t, mode) })
-}
-
 func newRigOn(t *testing.T, backend string, quiet bool, node func() *simnode.Node) *rig {
 	t.Helper()
 	bin := binary(t)
