@@ -452,4 +452,3 @@ var (
 	kubeDNS   = net.JoinHostPort(simnode.KubeDNSClusterIP, "53")
 	linkLocal = net.JoinHostPort(simnode.LinkLocalIP, "53")
 )
-
