@@ -282,9 +282,6 @@ func (kp *KubeProxy) Log() string {
 	return b.String()
 }
 
-// Current is the running kube-proxy's process (the last started).
-func (kp *KubeProxy) Current() *Process { return kp.proc }
-
 // Metrics reads the running kube-proxy's sync metrics.
 func (kp *KubeProxy) Metrics() (kubeproxy.SyncMetrics, error) {
 	body, err := kp.n.HTTPGet(KubeProxyMetrics, "/metrics")
