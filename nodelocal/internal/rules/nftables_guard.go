@@ -214,10 +214,10 @@ func (n *NFTablesManager) RemoveProbeExemption(ctx context.Context) (bool, error
 }
 
 // kube-proxy's nftables layout (pkg/proxy/nftables): one table per family, a verdict map from ClusterIP,
-// protocol and port to the Service port's chain, which DNATs: to its one endpoint directly ("dnat to
-// IP:PORT"), to one of several picked with numgen from an anonymous map of address . port ("dnat ip addr .
-// port to numgen random mod N map { 0 : IP . PORT, ... }"), or, with session affinity and in kube-proxy
-// before 1.35, through an endpoint chain picked with numgen from a verdict map.
+// protocol and port to the Service port's chain. As v1.37 writes it, that chain DNATs to its one endpoint
+// directly ("dnat to IP:PORT") or to one of several picked with numgen from an anonymous map of address .
+// port ("dnat ip addr . port to numgen random mod N map { 0 : IP . PORT, ... }"); with session affinity,
+// and in earlier versions, it picks an endpoint chain with numgen from a verdict map, which DNATs.
 const (
 	kubeProxyTable      = "kube-proxy"
 	kubeProxyServiceIPs = "service-ips"

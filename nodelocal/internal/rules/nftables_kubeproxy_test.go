@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// directDNATScript is a Service port chain as kube-proxy 1.35 and later write it without session
+// directDNATScript is a Service port chain as kube-proxy v1.37 writes it without session
 // affinity, in table FAMILY kube-proxy: one endpoint DNATed to directly, several picked with numgen from an
 // anonymous map of address . port.
 func directDNATScript(family, svc string, port int, endpoints []string) string {
@@ -43,7 +43,7 @@ func directDNATScript(family, svc string, port int, endpoints []string) string {
 	return b.String()
 }
 
-// TestKubeProxyEndpointsOfDirectDNATs: kube-proxy (1.35 and later) DNATs a Service port with no session
+// TestKubeProxyEndpointsOfDirectDNATs: kube-proxy (v1.37) DNATs a Service port with no session
 // affinity in its Service chain, to its one endpoint or through a numgen map of several; the endpoints
 // read from its table are every one of them, in both families.
 func TestKubeProxyEndpointsOfDirectDNATs(t *testing.T) {
