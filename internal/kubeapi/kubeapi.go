@@ -4,9 +4,10 @@
 //
 // The server authenticates an admin with a static token (group system:masters), issues ServiceAccount tokens
 // (TokenRequest), authorizes with Node,RBAC, and writes an audit log of every request made by a
-// ServiceAccount, which tests read as evidence of what a client asked for. Its Service ClusterIP range is
+// ServiceAccount, which tests read as evidence of what a client asked for. Its Service ClusterIP ranges are
 // ServiceCIDR, inside 127.0.0.0/8, so a test can put a DNS server on a Service's ClusterIP and still send
-// traffic only to loopback.
+// traffic only to loopback, and ServiceCIDRv6; Options.ServiceCIDRs gives others, such as the simulated
+// node's 10.96.0.0/16, whose ClusterIPs only a kube-proxy in the node's namespace serves.
 //
 // Without the binaries a test skips, and fails under `make test` and CI (see package privtest).
 package kubeapi
@@ -126,22 +127,28 @@ func RequireBinaries(t testing.TB) Binaries {
 	return Binaries{}
 }
 
-// Options change how a server runs; the zero value is what Start and New run.
+// Options are the settings of a server that may differ between tests.
 type Options struct {
-	// ServiceCIDRs is the Service ClusterIP range or ranges (--service-cluster-ip-range), comma-separated;
-	// empty means ServiceCIDR and ServiceCIDRv6. A simulated node whose ClusterIPs live only in its own
-	// namespaces (test/conformance) gives the cluster's 10.96.0.0/16.
-	ServiceCIDRs string
+	// ServiceCIDRs are the Service ClusterIP ranges (--service-cluster-ip-range), one per family, the
+	// primary first; none means ServiceCIDR and ServiceCIDRv6.
+	ServiceCIDRs []string
+}
+
+func (o Options) serviceCIDRs() string {
+	if len(o.ServiceCIDRs) == 0 {
+		return ServiceCIDR + "," + ServiceCIDRv6
+	}
+	return strings.Join(o.ServiceCIDRs, ",")
 }
 
 // Start runs a server for the test, in the test's temporary directory, and stops it when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	return StartWithOptions(t, Options{})
+	return StartWith(t, Options{})
 }
 
-// StartWithOptions is Start with opts.
-func StartWithOptions(t testing.TB, opts Options) *Server {
+// StartWith is Start with opts.
+func StartWith(t testing.TB, opts Options) *Server {
 	t.Helper()
 	bin := RequireBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
@@ -181,7 +188,7 @@ func New(ctx context.Context, bin Binaries, dir string) (*Server, error) {
 
 // NewWithOptions is New with opts.
 func NewWithOptions(ctx context.Context, bin Binaries, dir string, opts Options) (*Server, error) {
-	s := &Server{bin: bin, dir: dir, opts: opts}
+	s := &Server{bin: bin, opts: opts, dir: dir}
 	if err := s.writeFiles(); err != nil {
 		return nil, err
 	}
@@ -273,10 +280,6 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 }
 
 func (s *Server) runAPIServer(ctx context.Context) (*process, error) {
-	serviceCIDRs := s.opts.ServiceCIDRs
-	if serviceCIDRs == "" {
-		serviceCIDRs = ServiceCIDR + "," + ServiceCIDRv6
-	}
 	args := []string{
 		"--etcd-servers=" + s.etcdURL,
 		"--bind-address=127.0.0.1",
@@ -289,7 +292,7 @@ func (s *Server) runAPIServer(ctx context.Context) (*process, error) {
 		"--service-account-issuer=" + ServiceAccountIssuer,
 		"--service-account-key-file=" + filepath.Join(s.dir, "sa.pub"),
 		"--service-account-signing-key-file=" + filepath.Join(s.dir, "sa.key"),
-		"--service-cluster-ip-range=" + serviceCIDRs,
+		"--service-cluster-ip-range=" + s.opts.serviceCIDRs(),
 		// The default reconciler refuses a loopback advertise address.
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",

@@ -122,7 +122,7 @@ func newRig(t *testing.T) *rig {
 	coredns := clusterDNSBuild.binary(t, "./examples/coredns")
 	r := &rig{t: t, dir: t.TempDir(), barriers: new(atomic.Int64)}
 	r.musl = buildMusl(t)
-	r.api = kubeapi.StartWithOptions(t, kubeapi.Options{ServiceCIDRs: "10.96.0.0/16"})
+	r.api = kubeapi.StartWith(t, kubeapi.Options{ServiceCIDRs: []string{"10.96.0.0/16"}})
 	r.admin = kubernetes.NewForConfigOrDie(r.api.AdminConfig())
 	r.n = simnode.New(t)
 	r.createSystemObjects()
