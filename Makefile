@@ -10,9 +10,11 @@ demo:
 	$(GO) run ./cmd/node-cache -conf examples/demo/Corefile
 
 # Installs golangci-lint and the system tools the tests need (as root, from Debian packages), checks (gofmt,
-# go vet, go mod tidy, golangci-lint, a darwin cross-build), then runs every test.
+# go vet, go mod tidy, golangci-lint, a darwin cross-build), then runs every test. The timeout is per package:
+# test/faults, the longest, builds dozens of simulated nodes with a real kube-proxy and takes 10 to 20 minutes
+# on two busy cores.
 test: test-deps check
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 45m ./...
 
 test-deps:
 	GO=$(GO) ./scripts/install-test-deps.sh
