@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,8 +26,24 @@ func ring(f *os.File) error {
 }
 
 // Bell returns a channel that gets a value (at most one waits) whenever a successor rings at the lock at
-// path; it is closed when ctx ends, or when the watch fails.
+// path; it is closed when ctx ends, or when the watch fails or ends (the file was removed).
 func Bell(ctx context.Context, path string) (<-chan struct{}, error) {
+	return watch(ctx, path, unix.IN_ATTRIB)
+}
+
+// Closed returns a channel that gets a value (at most one waits) whenever a process that had the lock file
+// at path open for writing closes it, and whenever a successor rings. Every process that locks the file
+// opens it for writing, and the kernel closes its files however it exits: the value comes the moment an
+// owner dies, killed or crashed, as well as when one lets go, and when any process that looked at the
+// line closes the file again, so it says "look now", not what happened. The channel is closed when ctx
+// ends, or when the watch fails or ends (the file was removed).
+func Closed(ctx context.Context, path string) (<-chan struct{}, error) {
+	return watch(ctx, path, unix.IN_CLOSE_WRITE|unix.IN_ATTRIB)
+}
+
+// watch returns a channel that gets a value (at most one waits) for every batch of the inotify events in
+// mask on the file at path, as Bell and Closed say.
+func watch(ctx context.Context, path string, mask uint32) (<-chan struct{}, error) {
 	if path == "" {
 		path = DefaultPath
 	}
@@ -34,23 +51,29 @@ func Bell(ctx context.Context, path string) (<-chan struct{}, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node lock: watch %s: inotify: %w", path, err)
 	}
-	if _, err := unix.InotifyAddWatch(fd, path, unix.IN_ATTRIB|unix.IN_DONT_FOLLOW); err != nil {
+	if _, err := unix.InotifyAddWatch(fd, path, mask|unix.IN_DONT_FOLLOW); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("node lock: watch %s: %w", path, err)
 	}
 	// A non-blocking descriptor goes to the runtime's poller: a read waits without a thread.
 	f := os.NewFile(uintptr(fd), "inotify "+path)
 	rang := make(chan struct{}, 1)
+	stop := make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-stop:
+		}
 		f.Close()
 	}()
 	go func() {
+		defer close(stop)
 		buf := make([]byte, 4096)
 		for {
-			if _, err := f.Read(buf); err != nil {
+			n, err := f.Read(buf)
+			if err != nil {
 				// Closed at ctx's end; any other error is not expected, and the owner's occasional look
-				// carries on without the bell.
+				// carries on without the watch.
 				close(rang)
 				return
 			}
@@ -58,7 +81,28 @@ func Bell(ctx context.Context, path string) (<-chan struct{}, error) {
 			case rang <- struct{}{}:
 			default:
 			}
+			if watchEnded(buf[:n]) {
+				close(rang)
+				return
+			}
 		}
 	}()
 	return rang, nil
+}
+
+// watchEnded reports whether the inotify events in buf include IN_IGNORED: the file was removed (or its
+// file system unmounted), and no event will come again.
+func watchEnded(buf []byte) bool {
+	for len(buf) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[0]))
+		if ev.Mask&unix.IN_IGNORED != 0 {
+			return true
+		}
+		next := unix.SizeofInotifyEvent + int(ev.Len)
+		if next > len(buf) {
+			return false
+		}
+		buf = buf[next:]
+	}
+	return false
 }
