@@ -24,12 +24,12 @@ import (
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/file"
 	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/metrics"
 	_ "github.com/coredns/coredns/plugin/ready"
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/health"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
