@@ -18,7 +18,8 @@
 #   unbound   Debian's unbound, forwarding cluster.local to kube-dns-upstream over TCP, TTLs clamped to
 #             5-30 s (5 s negative) as the Corefile does
 # The cache runs on CPU 0 alone (taskset; Go sizes GOMAXPROCS from it, unbound runs one thread); dnsperf and
-# the cluster DNS run on CPU 1. CPU time is the cache's utime+stime from /proc/PID/stat over each dnsperf run.
+# the cluster DNS run on CPU 1. CPU time is that of all the cache's threads (schedstat, ns) over each dnsperf
+# run (simnode_dnsperf).
 #
 # Phases of a run (each query file holds names no earlier phase asked, so a "new" name is a miss):
 #   hits     DURATION s at full speed over HOT names all answered before (A, NOERROR): q/s and CPU µs/query
@@ -90,58 +91,16 @@ simnode_cluster_dns "$((NICE - 5 < -20 ? -20 : NICE - 5))" taskset -c "$CLIENT_C
 simnode_corefiles
 simnode_unbound_conf
 
-# Query files. Name k of the new names is svcK (NOERROR) or xK (NXDOMAIN), alternately; each phase takes its
-# own range of k, so a new name is new to the cache in every phase of a run.
+# Query files (simnode_mix): each phase takes its own range of new names.
 hot_file=$work/queries.hot
-seq 1 "$HOT" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$hot_file"
-# mix FILE COUNT FIRST_NEW PERCENT_HOT
-mix() {
-    awk -v n="$2" -v fresh="$3" -v hot="$HOT" -v pct="$4" 'BEGIN {
-        srand(1)
-        for (i = 0; i < n; i++) {
-            if (rand() * 100 < pct) { k = 1 + int(rand() * hot); p = "svc" } else { k = ++fresh; p = fresh % 2 ? "svc" : "x" }
-            printf "%s%d.ns%d.svc.cluster.local A\n", p, k, k % 97
-        }
-    }' >"$1"
-}
+simnode_hot "$hot_file"
 full=$((MAX_QPS * DURATION))
-mix "$work/queries.mixed" "$full" 1000000 "$HOT_PERCENT"
-mix "$work/queries.latency" $((RATE * DURATION)) 100000000 "$HOT_PERCENT"
-mix "$work/queries.misses" $((MISS_RATE * DURATION)) 200000000 0
-mix "$work/queries.loaded" "$full" 300000000 0
+simnode_mix "$work/queries.mixed" "$full" 1000000 "$HOT_PERCENT"
+simnode_mix "$work/queries.latency" $((RATE * DURATION)) 100000000 "$HOT_PERCENT"
+simnode_mix "$work/queries.misses" $((MISS_RATE * DURATION)) 200000000 0
+simnode_mix "$work/queries.loaded" "$full" 300000000 0
 
-# cpu_ticks PID: utime+stime in clock ticks (fields 14 and 15 of /proc/PID/stat).
-cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
-clk_tck=$(getconf CLK_TCK)
 syns() { in_ns "$ns_dns" iptables -nvxL INPUT | awk '/tcp dpt:53/ { print $1; exit }'; }
-
-# run_dnsperf FILE ARGS...: runs dnsperf from the Pod on CLIENT_CPU, measuring the cache's CPU time; sets qps,
-# completed, us_per_query; fails on lost queries or answers other than NOERROR and NXDOMAIN.
-run_dnsperf() {
-    local file=$1 out t0 t1 rcodes
-    shift
-    t0=$(cpu_ticks "$cache_pid")
-    out=$(nice -n "$NICE" ip netns exec "$ns_pod" taskset -c "$CLIENT_CPU" dnsperf -s "$LOCAL_IP" -d "$file" -c 4 -q 200 -t 5 -n 1 "$@" 2>&1) ||
-        die "dnsperf failed: $out"
-    t1=$(cpu_ticks "$cache_pid")
-    completed=$(awk '/Queries completed:/ { print $3 }' <<<"$out" | head -1)
-    lost=$(awk '/Queries lost:/ { print $3 }' <<<"$out" | head -1)
-    qps=$(awk '/Queries per second:/ { printf "%.0f", $4 }' <<<"$out")
-    [ -n "$lost" ] || die "$variant: no dnsperf statistics: $(tail -20 <<<"$out")"
-    rcodes=$(sed -n 's/^ *Response codes: *//p' <<<"$out")
-    if [ -n "${tolerate_failures:-}" ]; then
-        # Lost queries and answers other than NOERROR and NXDOMAIN (SERVFAIL when the upstream exchange
-        # failed) are counted, not fatal.
-        failed=$((lost + $(sed -e 's/NOERROR [0-9]* ([0-9.]*%)//' -e 's/NXDOMAIN [0-9]* ([0-9.]*%)//' <<<"$rcodes" |
-            { grep -o "[A-Z]* [0-9]*" || true; } | awk '{ s += $2 } END { print s + 0 }')))
-    else
-        [ $((lost * 1000)) -le "$((completed + lost))" ] || die "$variant: dnsperf lost $lost queries: $(tail -20 <<<"$out")"
-        [ -z "$(sed -e 's/NOERROR [0-9]* ([0-9.]*%)//' -e 's/NXDOMAIN [0-9]* ([0-9.]*%)//' -e 's/[ ,]//g' <<<"$rcodes")" ] ||
-            die "$variant: answers other than NOERROR and NXDOMAIN: $rcodes"
-    fi
-    us_per_query=$(awk -v t=$((t1 - t0)) -v hz="$clk_tck" -v n="$completed" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }')
-    dnsperf_out=$out
-}
 
 # record_profile PHASE: with PERF_DIR, records the cache's CPU profile for DURATION s from now, when PHASE is
 # PERF_PHASE.
@@ -171,31 +130,31 @@ for round in $(seq 1 "$ROUNDS"); do
         simnode_start "$variant" nice -n "$NICE" taskset -c "$SERVER_CPU"
         simnode_ready "$variant" svc1.ready.svc.cluster.local
         # Warm-up: every hot name asked once.
-        run_dnsperf "$hot_file" -Q 5000
+        simnode_dnsperf "$hot_file" -Q 5000
         record_profile hits
-        run_dnsperf "$hot_file" -n 1000000 -l "$DURATION"
+        simnode_dnsperf "$hot_file" -n 1000000 -l "$DURATION"
         hits_qps=$qps hits_us=$us_per_query
         wait_profile
         record_profile mixed
-        tolerate_failures=1 run_dnsperf "$work/queries.mixed" -l "$DURATION"
+        tolerate_failures=1 simnode_dnsperf "$work/queries.mixed" -l "$DURATION"
         mixed_failed=$failed
         [ "$completed" -lt "$full" ] || die "$variant: the mixed run used up its query file; raise MAX_QPS"
         mixed_qps=$qps mixed_us=$us_per_query
         mixed_miss_us=$(awk -v m="$mixed_us" -v h="$hits_us" -v p="$HOT_PERCENT" \
             'BEGIN { if (p == 100) print "-"; else printf "%.1f", (m - p / 100 * h) / (1 - p / 100) }')
         wait_profile
-        run_dnsperf "$work/queries.latency" -Q "$RATE" -v
+        simnode_dnsperf "$work/queries.latency" -Q "$RATE" -v
         read -r p50 p99 < <(awk '$1 == ">" { print $NF * 1000 }' <<<"$dnsperf_out" | sort -n |
             awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; printf "%.3f %.3f\n", v[int(NR * 0.5 + 0.5)], v[int(NR * 0.99 + 0.5)] }') ||
             die "$variant: no per-query latencies in dnsperf -v output"
         rate_us=$us_per_query
         s0=$(syns)
         record_profile misses
-        tolerate_failures=1 run_dnsperf "$work/queries.misses" -Q "$MISS_RATE"
+        tolerate_failures=1 simnode_dnsperf "$work/queries.misses" -Q "$MISS_RATE"
         wait_profile
         miss_us=$us_per_query conns=$(($(syns) - s0)) misses_failed=$failed
         record_profile loaded
-        tolerate_failures=1 run_dnsperf "$work/queries.loaded" -l "$DURATION"
+        tolerate_failures=1 simnode_dnsperf "$work/queries.loaded" -l "$DURATION"
         wait_profile
         [ "$completed" -lt "$full" ] || die "$variant: the loaded misses run used up its query file; raise MAX_QPS"
         loaded_qps=$qps loaded_us=$us_per_query failed=$((mixed_failed + misses_failed + failed))

@@ -64,8 +64,7 @@ awk -v n="$WARM" 'BEGIN {
     }
 }' >"$work/queries.warm"
 
-# cpu_ns PID: the CPU time of all the process's threads, in ns. wakes PID: their context switches.
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'; }
+# wakes PID: the context switches of all the process's threads (simnode_cpu_ns is their CPU time).
 wakes() {
     cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'
 }
@@ -74,7 +73,7 @@ wakes() {
 measure() {
     local pid c0=() w0=() i=0
     for pid in "$@"; do
-        c0+=("$(cpu_ns "$pid")") w0+=("$(wakes "$pid")")
+        c0+=("$(simnode_cpu_ns "$pid")") w0+=("$(wakes "$pid")")
     done
     local perf=()
     if [ -n "${PERF_DIR:-}" ]; then
@@ -87,7 +86,7 @@ measure() {
     sleep "$IDLE"
     [ ${#perf[@]} -eq 0 ] || wait "${perf[@]}" || true
     for pid in "$@"; do
-        awk -v c0="${c0[$i]}" -v c1="$(cpu_ns "$pid")" -v w0="${w0[$i]}" -v w1="$(wakes "$pid")" -v t="$IDLE" \
+        awk -v c0="${c0[$i]}" -v c1="$(simnode_cpu_ns "$pid")" -v w0="${w0[$i]}" -v w1="$(wakes "$pid")" -v t="$IDLE" \
             'BEGIN { printf "%.3f %.1f\n", (c1 - c0) / 1e6 / t, (w1 - w0) / t }'
         i=$((i + 1))
     done

@@ -14,12 +14,16 @@ DNS_POD_IP=10.244.1.2 NODE_DNS_IP=10.244.1.1
 EXT_IP=192.0.2.53 NODE_EXT_IP=192.0.2.1
 KUBE_DNS_IP=10.96.0.10 UPSTREAM_IP=10.96.0.11 LOCAL_IP=169.254.20.10
 
-# simnode_require_tools TOOL...: installs dnsperf and unbound (Debian packages) when missing, then requires
-# every TOOL on PATH.
+# simnode_require_tools TOOL...: installs the Debian package of each TOOL that has one (dnsperf, unbound, and
+# gnuplot-nox for gnuplot) when missing, then requires every TOOL on PATH.
 simnode_require_tools() {
     local missing=() tool
-    command -v dnsperf >/dev/null || missing+=(dnsperf)
-    command -v unbound >/dev/null || missing+=(unbound)
+    for tool in "$@"; do
+        case $tool in
+        dnsperf | unbound) command -v "$tool" >/dev/null || missing+=("$tool") ;;
+        gnuplot) command -v gnuplot >/dev/null || missing+=(gnuplot-nox) ;;
+        esac
+    done
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing ${missing[*]} (Debian packages)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
@@ -323,4 +327,51 @@ simnode_stop() {
     if [ "$1" = unbound ]; then
         in_ns "$ns_node" ip link del ubound
     fi
+}
+
+# simnode_mix FILE COUNT FIRST_NEW PERCENT_HOT: writes COUNT queries of the mix to FILE: PERCENT_HOT % of them
+# for the HOT names (svcK.nsM, K in 1..HOT, chosen at random), the rest for new names, the K-th of them
+# svcK (NOERROR) or xK (NXDOMAIN) alternately from K = FIRST_NEW + 1 on. Callers give each phase its own range
+# of K, so that a new name is new to the cache in every phase of a run. simnode_hot FILE writes the HOT names
+# once each.
+simnode_mix() {
+    awk -v n="$2" -v fresh="$3" -v hot="$HOT" -v pct="$4" 'BEGIN {
+        srand(1)
+        for (i = 0; i < n; i++) {
+            if (rand() * 100 < pct) { k = 1 + int(rand() * hot); p = "svc" } else { k = ++fresh; p = fresh % 2 ? "svc" : "x" }
+            printf "%s%d.ns%d.svc.cluster.local A\n", p, k, k % 97
+        }
+    }' >"$1"
+}
+simnode_hot() { seq 1 "$HOT" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$1"; }
+
+# simnode_cpu_ns PID: the CPU time of all the process's threads, in ns (the first field of
+# /proc/PID/task/*/schedstat: time on a CPU, to the ns, where /proc/PID/stat counts clock ticks).
+simnode_cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'; }
+
+# simnode_dnsperf FILE ARGS...: runs dnsperf from the Pod over FILE once (more with ARGS such as -l), at nice
+# NICE on CPU CLIENT_CPU, and measures the CPU time of cache_pid over the run; sets qps, completed, lost,
+# failed, us_per_query (CPU µs per completed query) and dnsperf_out. It fails on lost queries (more than
+# 0.1 %) or answers other than NOERROR and NXDOMAIN, unless tolerate_failures is set: then those are counted
+# in failed (SERVFAIL when the upstream exchange failed).
+simnode_dnsperf() {
+    local file=$1 out t0 t1 rcodes
+    shift
+    t0=$(simnode_cpu_ns "$cache_pid")
+    out=$(nice -n "$NICE" ip netns exec "$ns_pod" taskset -c "$CLIENT_CPU" dnsperf -s "$LOCAL_IP" -d "$file" -c 4 -q 200 -t 5 -n 1 "$@" 2>&1) ||
+        die "dnsperf failed: $out"
+    t1=$(simnode_cpu_ns "$cache_pid")
+    completed=$(awk '/Queries completed:/ { print $3 }' <<<"$out" | head -1)
+    lost=$(awk '/Queries lost:/ { print $3 }' <<<"$out" | head -1)
+    qps=$(awk '/Queries per second:/ { printf "%.0f", $4 }' <<<"$out")
+    [ -n "$lost" ] || die "$variant: no dnsperf statistics: $(tail -20 <<<"$out")"
+    rcodes=$(sed -n 's/^ *Response codes: *//p' <<<"$out")
+    failed=$((lost + $(sed -e 's/NOERROR [0-9]* ([0-9.]*%)//' -e 's/NXDOMAIN [0-9]* ([0-9.]*%)//' <<<"$rcodes" |
+        { grep -o "[A-Z]* [0-9]*" || true; } | awk '{ s += $2 } END { print s + 0 }')))
+    if [ -z "${tolerate_failures:-}" ]; then
+        [ $((lost * 1000)) -le "$((completed + lost))" ] || die "$variant: dnsperf lost $lost queries: $(tail -20 <<<"$out")"
+        [ "$failed" -eq "$lost" ] || die "$variant: answers other than NOERROR and NXDOMAIN: $rcodes"
+    fi
+    us_per_query=$(awk -v t=$((t1 - t0)) -v n="$completed" 'BEGIN { printf "%.1f", t / 1e3 / n }')
+    dnsperf_out=$out
 }
