@@ -81,6 +81,8 @@ type Node struct {
 	NodeNS, PodNS, DNSNS, ExtNS string
 	// Mode is the simulated kube-proxy's mode.
 	Mode KubeProxyMode
+	// DualStack is set on a node that has IPv6 beside IPv4 (NewDualStack).
+	DualStack bool
 
 	t testing.TB
 }
@@ -608,7 +610,8 @@ func (n *Node) startClusterDNS(binary, zone, log string) *Process {
 	n.t.Helper()
 	dir := n.t.TempDir()
 	path := filepath.Join(dir, "cluster.local.db")
-	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    %s\n    file %s\n}\n", ClusterDNSPodIP, log, path)
+	bind := strings.Join(n.listenAddrs(ClusterDNSPodIP, ClusterDNSPodIP6), " ")
+	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    %s\n    file %s\n}\n", bind, log, path)
 	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{path: zone}, ClusterDNSPodIP)
 }
 
@@ -618,7 +621,7 @@ func (n *Node) StartExternalResolver(binary string) *Process {
 	n.t.Helper()
 	dir := n.t.TempDir()
 	corefile := fmt.Sprintf(".:53 {\n    bind %s\n    log\n    template IN A {\n        answer \"{{ .Name }} 60 IN A %s\"\n    }\n}\n",
-		ExtResolverIP, ExternalAnswer)
+		strings.Join(n.listenAddrs(ExtResolverIP, ExtResolverIP6), " "), ExternalAnswer)
 	return n.startCoreDNS(binary, n.ExtNS, dir, corefile, nil, ExtResolverIP)
 }
 
