@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,7 +125,7 @@ var ipv6Family = ipFamily{
 }
 
 // hostPort joins an address and port, bracketing IPv6 addresses.
-func hostPort(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+func hostPort(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
 
 // chainPart is an address as kube-proxy's nftables mode puts it into a chain name (an IPv6 address's
 // colons become dots, which chain names allow), and without separators into the made-up hash.

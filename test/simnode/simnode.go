@@ -19,6 +19,15 @@
 // new connections to a ClusterIP's other ports, and no KUBE-* iptables chain at all. Every address above
 // exists only inside namespaces the test created, and every namespace, file and process is removed in
 // t.Cleanup, also when the test fails.
+//
+// NewDualStack adds IPv6 beside all of it (ipv6.go), as on a dual-stack cluster: the Pod fd00:10:244::2,
+// the cluster-DNS Pod fd00:10:244:1::2 and the node's resolver fd00:192:0:2::53, each on a /64 of its link,
+// with duplicate address detection off in those namespaces so that the addresses are usable at once; the
+// node forwards IPv6, and kube-proxy's IPv6 rules serve the kube-dns ClusterIP fd00:10:96::a and the
+// kube-dns-upstream ClusterIP fd00:10:96::b, in ip6tables' nat table laid out as above (iptables mode) or in
+// `table ip6 kube-proxy` (nftables mode, one table per family as kube-proxy's nftables proxier writes
+// them). The node-local address of that family is the dual-stack manifest's fd00:169:254::10. The cluster
+// DNS and the node's resolver listen on both families, and SetPodNameserver points the Pod at either.
 package simnode
 
 import (
