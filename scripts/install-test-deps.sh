@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what `make test` needs: golangci-lint (which `make check` runs), helm, etcd and kube-apiserver, all
-# built pinned from the Go module proxy (no root needed), and the system tools the tests use, from Debian
-# packages, when any is missing (as root). The privileged tests fail (they do not skip) under `make test` when
-# a tool is absent, so this runs first.
+# Installs what `make test` needs: golangci-lint (which `make check` runs), helm, etcd, kube-apiserver and
+# kube-proxy, all built pinned from the Go module proxy (no root needed), and the system tools the tests use,
+# from Debian packages, when any is missing (as root). The privileged tests fail (they do not skip) under
+# `make test` when a tool is absent, so this runs first.
 #
 #   scripts/install-test-deps.sh              install what is missing
 #   scripts/install-test-deps.sh --lint-path  print where golangci-lint is (or goes), install nothing
@@ -39,7 +39,8 @@ if ! "$GO" version -m "$helm_bin" 2>/dev/null | grep -qP "^\tmod\thelm\.sh/helm/
 	echo "install-test-deps: $("$helm_bin" version --short) installed"
 fi
 
-# etcd and kube-apiserver for the Kubernetes API tests, built from the Go module proxy once and cached.
+# etcd and kube-apiserver for the Kubernetes API tests, and kube-proxy for the simulated node's rules, built
+# from the Go module proxy once and cached.
 "$(dirname "$0")/build-kube-apiserver.sh"
 
 # tool -> Debian package

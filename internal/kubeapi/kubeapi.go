@@ -4,9 +4,10 @@
 //
 // The server authenticates an admin with a static token (group system:masters), issues ServiceAccount tokens
 // (TokenRequest), authorizes with Node,RBAC, and writes an audit log of every request made by a
-// ServiceAccount, which tests read as evidence of what a client asked for. Its Service ClusterIP range is
+// ServiceAccount, which tests read as evidence of what a client asked for. Its Service ClusterIP ranges are
 // ServiceCIDR, inside 127.0.0.0/8, so a test can put a DNS server on a Service's ClusterIP and still send
-// traffic only to loopback.
+// traffic only to loopback, and ServiceCIDRv6; Options.ServiceCIDRs gives others, such as the simulated
+// node's 10.96.0.0/16, whose ClusterIPs only a kube-proxy in the node's namespace serves.
 //
 // Without the binaries a test skips, and fails under `make test` and CI (see package privtest).
 package kubeapi
@@ -126,13 +127,33 @@ func RequireBinaries(t testing.TB) Binaries {
 	return Binaries{}
 }
 
+// Options are the settings of a server that may differ between tests.
+type Options struct {
+	// ServiceCIDRs are the Service ClusterIP ranges (--service-cluster-ip-range), one per family, the
+	// primary first; none means ServiceCIDR and ServiceCIDRv6.
+	ServiceCIDRs []string
+}
+
+func (o Options) serviceCIDRs() string {
+	if len(o.ServiceCIDRs) == 0 {
+		return ServiceCIDR + "," + ServiceCIDRv6
+	}
+	return strings.Join(o.ServiceCIDRs, ",")
+}
+
 // Start runs a server for the test, in the test's temporary directory, and stops it when the test ends.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with opts.
+func StartWith(t testing.TB, opts Options) *Server {
 	t.Helper()
 	bin := RequireBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
 	defer cancel()
-	s, err := New(ctx, bin, t.TempDir())
+	s, err := NewWithOptions(ctx, bin, t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,6 +168,7 @@ func Start(t testing.TB) *Server {
 // Server is etcd and kube-apiserver on loopback. Its methods are safe for one goroutine at a time.
 type Server struct {
 	bin        Binaries
+	opts       Options
 	dir        string
 	adminToken string
 	caFile     string
@@ -161,7 +183,12 @@ type Server struct {
 // New starts etcd and kube-apiserver with their data, certificates and logs in dir and returns once the API
 // server is ready. The caller must Stop it.
 func New(ctx context.Context, bin Binaries, dir string) (*Server, error) {
-	s := &Server{bin: bin, dir: dir}
+	return NewWithOptions(ctx, bin, dir, Options{})
+}
+
+// NewWithOptions is New with opts.
+func NewWithOptions(ctx context.Context, bin Binaries, dir string, opts Options) (*Server, error) {
+	s := &Server{bin: bin, opts: opts, dir: dir}
 	if err := s.writeFiles(); err != nil {
 		return nil, err
 	}
@@ -265,7 +292,7 @@ func (s *Server) runAPIServer(ctx context.Context) (*process, error) {
 		"--service-account-issuer=" + ServiceAccountIssuer,
 		"--service-account-key-file=" + filepath.Join(s.dir, "sa.pub"),
 		"--service-account-signing-key-file=" + filepath.Join(s.dir, "sa.key"),
-		"--service-cluster-ip-range=" + ServiceCIDR + "," + ServiceCIDRv6,
+		"--service-cluster-ip-range=" + s.opts.serviceCIDRs(),
 		// The default reconciler refuses a loopback advertise address.
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",

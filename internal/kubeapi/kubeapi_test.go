@@ -20,6 +20,8 @@ import (
 func TestVersionsArePinned(t *testing.T) {
 	for _, tc := range []struct{ gomod, module, version string }{
 		{"tools/kube-apiserver/go.mod", "k8s.io/kubernetes", KubernetesVersion},
+		// internal/kubeproxy looks for kube-proxy at the same version.
+		{"tools/kube-proxy/go.mod", "k8s.io/kubernetes", KubernetesVersion},
 		{"tools/etcd/go.mod", "go.etcd.io/etcd/server/v3", EtcdVersion},
 	} {
 		b, err := os.ReadFile(tc.gomod)

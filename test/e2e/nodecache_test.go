@@ -273,7 +273,7 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 			}
 		}
 	})
-	n = simnode.NewWithMode(t, mode)
+	n = simnode.NewWithKubeProxy(t, mode)
 	e := &e2e{t: t, n: n, mode: mode}
 	e.clusterDNS = n.StartClusterDNS(nodeCache)
 	e.ext = n.StartExternalResolver(nodeCache)
@@ -325,7 +325,8 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 	}
 	wantBackend := "using rules backend nft "
 	if mode == simnode.NFTablesMode {
-		wantBackend = "using rules backend nftables (kube-proxy's nftables mode (table ip kube-proxy); no iptables commands installed)"
+		// kube-proxy writes a table per family, also on a node without IPv6 addresses.
+		wantBackend = "using rules backend nftables (kube-proxy's nftables mode (table ip kube-proxy, ip6 kube-proxy); no iptables commands installed)"
 	}
 	if !strings.Contains(cache.Output(), wantBackend) {
 		t.Errorf("the cache did not log %q:\n%s", wantBackend, cache.Output())

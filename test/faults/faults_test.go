@@ -1,10 +1,11 @@
 //go:build linux
 
 // Package faults holds the fault matrix of the node cache: each test builds a simulated node (package
-// simnode: namespaces only), runs the node-cache binary with the notrack plugin on it, and does to it what
-// a node does to a cache: kills it, takes its lock, deletes its rules and its link, reloads a broken
-// Corefile, starts a second one, sends it garbage, takes its cluster DNS away. The guard's fail-open time
-// and its flap count under load are measured here too:
+// simnode: namespaces only, the rules a real kube-proxy's against a real kube-apiserver), runs the
+// node-cache binary with the notrack plugin on it, and does to it what a node does to a cache: kills it,
+// takes its lock, deletes its rules and its link, reloads a broken Corefile, starts a second one, sends it
+// garbage, takes its cluster DNS away; and what kube-proxy does around it (kubeproxy_test.go). The guard's
+// fail-open time and its flap count under load are measured here too:
 //
 //	NODELOCALDNS_REQUIRE_PRIVILEGED=1 go test -v -run 'TestGuard' ./test/faults/
 //

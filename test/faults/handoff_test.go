@@ -211,10 +211,10 @@ func TestNFTablesReplaceWithAGap(t *testing.T) {
 }
 
 // TestKubeProxyDeletesTheUpstreamWhileDiverted: a cache that stopped without a successor left the divert
-// (a rolling update's gap, an uninstall's); kube-proxy then deletes kube-dns-upstream's chains (the Service
-// deleted, or left without endpoints). Its sync goes through, since nothing of ours refers to its chains,
-// and both addresses still answer: the link-local one through the divert's DNAT to the endpoint, the
-// kube-dns ClusterIP through kube-proxy.
+// (a rolling update's gap, an uninstall's); kube-dns-upstream is then deleted, and kube-proxy deletes its
+// chains. Its sync goes through (simnode fails the test otherwise), since nothing of ours refers to its
+// chains, and both addresses still answer: the link-local one through the divert's DNAT to the endpoint,
+// the kube-dns ClusterIP through kube-proxy. (Left without endpoints instead: kubeproxy_test.go.)
 func TestKubeProxyDeletesTheUpstreamWhileDiverted(t *testing.T) {
 	r := newHandoverRig(t)
 	old := r.startCache()
@@ -222,7 +222,7 @@ func TestKubeProxyDeletesTheUpstreamWhileDiverted(t *testing.T) {
 	if !strings.Contains(old.Output(), "handed the node to the cluster DNS") {
 		t.Fatalf("the cache did not hand the node over:\n%s", old.Output())
 	}
-	r.deleteUpstreamServiceChains()
+	r.n.KubeProxy.DeleteService(simnode.UpstreamService)
 	for _, server := range []string{kubeDNS, linkLocal} {
 		if err := r.podQuery(server); err != nil {
 			t.Errorf("%s once kube-proxy deleted kube-dns-upstream's chains: %v", server, err)

@@ -103,11 +103,17 @@ func newRigMode(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
 	return newRigWith(t, backend, mode, false)
 }
 
-// newRigWith is newRigMode; quiet starts the cluster DNS without its query log, for load.
+// newRigWith is newRigMode; quiet starts the cluster DNS without its query log, for load. The node's rules
+// are a real kube-proxy's (simnode.NewWithKubeProxy).
 func newRigWith(t *testing.T, backend string, mode simnode.KubeProxyMode, quiet bool) *rig {
 	t.Helper()
+	return newRigOn(t, backend, quiet, func() *simnode.Node { return simnode.NewWithKubeProxy(t, mode) })
+}
+
+func newRigOn(t *testing.T, backend string, quiet bool, node func() *simnode.Node) *rig {
+	t.Helper()
 	bin := binary(t)
-	n := simnode.NewWithMode(t, mode)
+	n := node()
 	var clusterDNS *simnode.Process
 	if quiet {
 		clusterDNS = n.StartQuietClusterDNS(bin)
@@ -455,29 +461,3 @@ var (
 	kubeDNS   = net.JoinHostPort(simnode.KubeDNSClusterIP, "53")
 	linkLocal = net.JoinHostPort(simnode.LinkLocalIP, "53")
 )
-
-// deleteUpstreamServiceChains does what kube-proxy's iptables mode does when kube-dns-upstream is deleted,
-// or left without endpoints: its rules in KUBE-SERVICES go, and its Service port chains are deleted, in
-// one iptables-restore. That fails, and kube-proxy's whole sync with it, while any rule of ours jumps to
-// one of them. (The simulated node's endpoint chains are shared with kube-dns, so they stay.)
-func (r *rig) deleteUpstreamServiceChains() {
-	r.t.Helper()
-	save := r.mustIpt("-t", "nat", "-S")
-	var b strings.Builder
-	b.WriteString("*nat\n")
-	for line := range strings.SplitSeq(save, "\n") {
-		if strings.HasPrefix(line, "-A KUBE-SERVICES ") && strings.Contains(line, "kube-dns-upstream") {
-			b.WriteString("-D" + strings.TrimPrefix(line, "-A") + "\n")
-		}
-	}
-	for name, chain := range simnode.KubeProxyServiceChains {
-		if strings.Contains(name, "kube-dns-upstream") {
-			b.WriteString("-F " + chain + "\n-X " + chain + "\n")
-		}
-	}
-	b.WriteString("COMMIT\n")
-	out, err := r.n.InWithInput(context.Background(), r.n.NodeNS, b.String(), "iptables-"+r.backend+"-restore", "-w", "5", "--noflush")
-	if err != nil {
-		r.t.Fatalf("kube-proxy could not delete kube-dns-upstream's chains while the divert stands: %v\n%s\ninput:\n%s", err, out, b.String())
-	}
-}

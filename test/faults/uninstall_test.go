@@ -4,8 +4,6 @@ package faults
 
 import (
 	"context"
-	"io"
-	"net"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -126,39 +124,15 @@ func newManifestAPI(t *testing.T, r *rig, file string, services ...*corev1.Servi
 	return a
 }
 
-// relayIntoNode listens on loopback in the simulated node's namespace and relays every connection to
-// target, on the machine's loopback, where the API server listens. It returns the address in the node.
+// relayIntoNode relays from loopback in the simulated node's namespace to target, on the machine's
+// loopback, where the API server listens. It returns the address in the node.
 func relayIntoNode(t *testing.T, r *rig, target string) string {
 	t.Helper()
-	var l net.Listener
-	if err := r.n.Do(r.n.NodeNS, func() (err error) {
-		l, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
+	addr, err := r.n.Relay(target)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				s, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					return
-				}
-				defer s.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(s, c); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(c, s); done <- struct{}{} }()
-				<-done
-			}()
-		}
-	}()
-	return l.Addr().String()
+	return addr
 }
 
 // args are the arguments that make a cache or a guard watch the manifest's DaemonSet.

@@ -20,6 +20,16 @@
 // exists only inside namespaces the test created, and every namespace, file and process is removed in
 // t.Cleanup, also when the test fails.
 //
+// NewWithKubeProxy builds the same node with the rules of a real kube-proxy instead (kubeproxy.go):
+// kube-proxy at kube-apiserver's version, built by scripts/build-kube-apiserver.sh, runs in the node
+// namespace in either mode against a real kube-apiserver (package kubeapi, its Service range ServiceCIDR,
+// reached through a relay on the node's loopback) that holds the Node, kube-dns and kube-dns-upstream with
+// EndpointSlices for the cluster-DNS Pod. Node.KubeProxy then restarts it, reads its sync metrics, and
+// changes the Services' endpoints (AddClusterDNSPod adds a second cluster-DNS Pod to move to), each change
+// waiting until kube-proxy's rules show it; a kube-proxy that died or failed a sync fails the test. Its
+// KubeProxySetup takes a list per family, for a dual-stack node. The hand-written rules remain for tests of
+// the cache alone, and for cases a real kube-proxy cannot be made to show.
+//
 // NewDualStack adds IPv6 beside all of it (ipv6.go), as on a dual-stack cluster: the Pod fd00:10:244::2,
 // the cluster-DNS Pod fd00:10:244:1::2 and the node's resolver fd00:192:0:2::53, each on a /64 of its link,
 // with duplicate address detection off in those namespaces so that the addresses are usable at once; the
@@ -92,8 +102,13 @@ type Node struct {
 	Mode KubeProxyMode
 	// DualStack is set on a node that has IPv6 beside IPv4 (NewDualStack).
 	DualStack bool
+	// KubeProxy is the real kube-proxy of a node built by NewWithKubeProxy, nil where the rules are
+	// written by hand.
+	KubeProxy *KubeProxy
 
 	t testing.TB
+	// extraNS are namespaces added after New (AddClusterDNSPod's), removed with the others.
+	extraNS []string
 }
 
 // New builds a simulated node with kube-proxy in iptables mode and registers its removal with t.Cleanup.
@@ -104,6 +119,13 @@ func New(t testing.TB) *Node {
 
 // NewWithMode builds a simulated node with kube-proxy in mode and registers its removal with t.Cleanup.
 func NewWithMode(t testing.TB, mode KubeProxyMode) *Node {
+	t.Helper()
+	return newNode(t, mode, nil)
+}
+
+// newNode builds the node; with setup, a real kube-proxy writes the rules (kubeproxy.go), else they are
+// written here.
+func newNode(t testing.TB, mode KubeProxyMode, setup *KubeProxySetup) *Node {
 	t.Helper()
 	if mode == NFTablesMode {
 		privtest.RequirePrivileged(t, NFTablesTools...)
@@ -131,9 +153,12 @@ func NewWithMode(t testing.TB, mode KubeProxyMode) *Node {
 	// ClusterIPs need a route for host-network traffic before nat OUTPUT rewrites them.
 	n.mustIn(n.NodeNS, "ip", "route", "add", "default", "via", ExtResolverIP)
 	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	if mode == NFTablesMode {
+	switch {
+	case setup != nil:
+		n.startKubeProxy(*setup)
+	case mode == NFTablesMode:
 		n.installKubeProxyNFTables()
-	} else {
+	default:
 		n.installKubeProxyRules()
 	}
 	n.writePodResolvConf()
@@ -255,9 +280,14 @@ func (n *Node) installKubeProxyNFTables() {
 
 // SetUpstreamEndpoint makes kube-proxy's rules send kube-dns-upstream's ClusterIP to ip:53 (UDP and TCP),
 // as kube-proxy rewrites them when the cluster-DNS Pods behind the Service move; kube-dns keeps its
-// endpoint. An ip no Pod has makes lookups through kube-dns-upstream time out.
+// endpoint. An ip no Pod has makes lookups through kube-dns-upstream time out. With a real kube-proxy it
+// changes the Service's EndpointSlice and waits until kube-proxy has synced the change.
 func (n *Node) SetUpstreamEndpoint(ip string) {
 	n.t.Helper()
+	if n.KubeProxy != nil {
+		n.KubeProxy.SetUpstreamEndpoints(ip)
+		return
+	}
 	var b strings.Builder
 	var name string
 	var cmd []string
@@ -322,7 +352,7 @@ func (n *Node) SetPodNameserver(ip string) {
 // remove deletes the namespaces and the Pod's /etc/netns directory. Processes started with Start are
 // killed by their own cleanups, which run before this one.
 func (n *Node) remove() {
-	for _, ns := range []string{n.PodNS, n.DNSNS, n.ExtNS, n.NodeNS} {
+	for _, ns := range append(append([]string{n.PodNS, n.DNSNS, n.ExtNS}, n.extraNS...), n.NodeNS) {
 		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil &&
 			!strings.Contains(string(out), "No such file") {
 			n.t.Errorf("simnode: deleting namespace %s: %v: %s", ns, err, out)
@@ -430,6 +460,22 @@ func (n *Node) Start(ns, name string, args ...string) *Process {
 // StartEnv is Start with env as the process's whole environment (nil: this process's).
 func (n *Node) StartEnv(ns string, env []string, name string, args ...string) *Process {
 	n.t.Helper()
+	p := n.startProcess(ns, env, name, args...)
+	n.t.Cleanup(func() {
+		if !p.Exited() {
+			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+			<-p.done
+		}
+		if n.t.Failed() {
+			n.t.Logf("output of %s in %s (pid %d):\n%s", name, ns, p.Cmd.Process.Pid, p.Output())
+		}
+	})
+	return p
+}
+
+// startProcess starts name in namespace ns, with no cleanup: the caller's.
+func (n *Node) startProcess(ns string, env []string, name string, args ...string) *Process {
+	n.t.Helper()
 	p := &Process{done: make(chan struct{})}
 	p.Cmd = n.command(context.Background(), ns, name, args...)
 	p.Cmd.Env = env
@@ -441,15 +487,6 @@ func (n *Node) StartEnv(ns string, env []string, name string, args ...string) *P
 		p.err = p.Cmd.Wait()
 		close(p.done)
 	}()
-	n.t.Cleanup(func() {
-		if !p.Exited() {
-			_ = p.Cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-		if n.t.Failed() {
-			n.t.Logf("output of %s in %s (pid %d):\n%s", name, ns, p.Cmd.Process.Pid, p.Output())
-		}
-	})
 	return p
 }
 

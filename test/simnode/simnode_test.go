@@ -36,12 +36,13 @@ func TestMain(m *testing.M) {
 // conntrack entry per lookup, which is the behaviour the node cache exists to remove.
 func TestWithoutCacheLookupsAreDNATed(t *testing.T) {
 	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
-		t.Run(string(mode), func(t *testing.T) { testWithoutCache(t, mode) })
+		t.Run(string(mode), func(t *testing.T) { testWithoutCache(t, NewWithMode(t, mode)) })
+		t.Run("real-"+string(mode), func(t *testing.T) { testWithoutCache(t, NewWithKubeProxy(t, mode)) })
 	}
 }
 
-func testWithoutCache(t *testing.T, mode KubeProxyMode) {
-	n := NewWithMode(t, mode)
+func testWithoutCache(t *testing.T, n *Node) {
+	mode := n.Mode
 	clusterDNS := n.StartClusterDNS(nodeCache)
 	if mode == NFTablesMode {
 		// kube-proxy's nftables mode leaves iptables alone, and rejects new connections to a ClusterIP's
@@ -137,5 +138,41 @@ func TestLoadCountsEveryLookup(t *testing.T) {
 	t.Logf("unserved address: %v", res)
 	if res.Sent != 50 || res.Answered != 0 || res.Failed() != 50 || len(res.Failures) != 50 {
 		t.Errorf("to an address nobody serves: %v, want 50 failed", res)
+	}
+}
+
+// TestRealKubeProxyFollowsTheEndpointSlice: on a node with the real kube-proxy, SetUpstreamEndpoint changes
+// kube-dns-upstream's EndpointSlice and returns once kube-proxy's rules send the ClusterIP to the new Pod;
+// with no endpoint at all kube-proxy rejects lookups to it, and kube-dns keeps its endpoint throughout.
+func TestRealKubeProxyFollowsTheEndpointSlice(t *testing.T) {
+	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
+		t.Run(string(mode), func(t *testing.T) {
+			n := NewWithKubeProxy(t, mode)
+			n.StartClusterDNS(nodeCache)
+			second := n.AddClusterDNSPod()
+			moved := n.StartClusterDNSIn(nodeCache, second, SecondClusterDNSPodIP)
+			n.SetUpstreamEndpoint(SecondClusterDNSPodIP)
+			// A name the start's probe does not ask for.
+			const name = "kube-dns.kube-system.svc.cluster.local"
+			if _, err := n.Query(n.NodeNS, "udp", UpstreamClusterIP+":53", name, dns.TypeA); err != nil {
+				t.Fatalf("kube-dns-upstream once it moved: %v", err)
+			}
+			if got := WaitForQueries(moved, name, "udp", 1, 30*time.Second); got != 1 {
+				t.Errorf("the second cluster-DNS Pod saw %d queries, want 1:\n%s", got, moved.Output())
+			}
+			n.KubeProxy.SetUpstreamEndpoints()
+			if _, err := n.Query(n.NodeNS, "tcp", UpstreamClusterIP+":53", "kubernetes.default.svc.cluster.local", dns.TypeA); err == nil {
+				t.Errorf("kube-dns-upstream without endpoints answered over TCP")
+			}
+			if _, err := n.Query(n.PodNS, "udp", KubeDNSClusterIP+":53", "kubernetes.default.svc.cluster.local", dns.TypeA); err != nil {
+				t.Errorf("kube-dns while kube-dns-upstream has no endpoint: %v", err)
+			}
+			n.SetUpstreamEndpoint(ClusterDNSPodIP)
+			if _, err := n.Query(n.NodeNS, "tcp", UpstreamClusterIP+":53", "kubernetes.default.svc.cluster.local", dns.TypeA); err != nil {
+				t.Errorf("kube-dns-upstream once its endpoint is back: %v", err)
+			}
+			m := n.KubeProxy.WaitForSync()
+			t.Logf("kube-proxy: %v", m)
+		})
 	}
 }

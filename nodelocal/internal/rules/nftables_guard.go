@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 
@@ -213,7 +214,10 @@ func (n *NFTablesManager) RemoveProbeExemption(ctx context.Context) (bool, error
 }
 
 // kube-proxy's nftables layout (pkg/proxy/nftables): one table per family, a verdict map from ClusterIP,
-// protocol and port to the Service port's chain, which picks an endpoint chain with numgen, which DNATs.
+// protocol and port to the Service port's chain, which DNATs: to its one endpoint directly ("dnat to
+// IP:PORT"), to one of several picked with numgen from an anonymous map of address . port ("dnat ip addr .
+// port to numgen random mod N map { 0 : IP . PORT, ... }"), or, with session affinity and in kube-proxy
+// before 1.35, through an endpoint chain picked with numgen from a verdict map.
 const (
 	kubeProxyTable      = "kube-proxy"
 	kubeProxyServiceIPs = "service-ips"
@@ -266,7 +270,7 @@ func isErrno(err error, errno unix.Errno) bool {
 
 // KubeProxyEndpoints returns the endpoints kube-proxy's nftables mode DNATs svc (a ClusterIP) on proto
 // and port to, as its table says: the element of its service-ips map, the chain that element goes to,
-// and the DNAT of each endpoint chain that chain picks from. It reads the whole map, so its cost grows
+// and that chain's DNATs, direct, through a map, or in the endpoint chains it picks from. It reads the whole map, so its cost grows
 // with the number of Services: it is for failing open, not for every sync. It returns no endpoints, and
 // no error, when kube-proxy's table has no element for the Service port.
 func (n *NFTablesManager) KubeProxyEndpoints(ctx context.Context, svc netip.Addr, proto Protocol, port uint16) ([]netip.AddrPort, error) {
@@ -331,12 +335,18 @@ func (n *NFTablesManager) collectDNATs(ctx context.Context, c *nftables.Conn, t 
 	}
 	for _, r := range rules {
 		regs := map[uint32][]byte{}
+		// mapped holds, by the register a map lookup writes, the data of every element of the map.
+		mapped := map[uint32][][]byte{}
 		for _, e := range r.Exprs {
 			switch e := e.(type) {
 			case *expr.Immediate:
 				regs[e.Register] = e.Data
 			case *expr.NAT:
 				if e.Type != expr.NATTypeDestNAT || e.RegAddrMin == 0 || e.RegProtoMin == 0 {
+					continue
+				}
+				if data, ok := mapped[e.RegAddrMin]; ok {
+					*out = append(*out, mappedDNATs(data, e)...)
 					continue
 				}
 				addr, ok := netip.AddrFromSlice(regs[e.RegAddrMin])
@@ -353,16 +363,23 @@ func (n *NFTablesManager) collectDNATs(ctx context.Context, c *nftables.Conn, t 
 					}
 				}
 			case *expr.Lookup:
-				if !e.IsDestRegSet || e.DestRegister != 0 {
-					continue // a set match, not a verdict map
+				if !e.IsDestRegSet {
+					continue // a set match, not a map
 				}
 				set, err := c.GetSetByName(t, e.SetName)
 				if err != nil {
-					return nftError("read verdict map "+e.SetName, err)
+					return nftError("read map "+e.SetName, err)
 				}
 				elems, err := c.GetSetElements(set)
 				if err != nil {
-					return nftError("read the elements of verdict map "+e.SetName, err)
+					return nftError("read the elements of map "+e.SetName, err)
+				}
+				if e.DestRegister != 0 {
+					// A data map, such as the endpoints' addresses and ports a DNAT picks from.
+					for _, el := range elems {
+						mapped[e.DestRegister] = append(mapped[e.DestRegister], el.Val)
+					}
+					continue
 				}
 				for _, el := range elems {
 					if v, ok := parseVerdict(el.Val); ok && (v.Kind == expr.VerdictGoto || v.Kind == expr.VerdictJump) {
@@ -375,6 +392,37 @@ func (n *NFTablesManager) collectDNATs(ctx context.Context, c *nftables.Conn, t 
 		}
 	}
 	return nil
+}
+
+// mappedDNATs returns the targets of a DNAT whose address and port registers a map lookup wrote: each
+// element's data is the address, then the port at the offset of the port's register from the address's.
+func mappedDNATs(data [][]byte, nat *expr.NAT) []netip.AddrPort {
+	addrLen := net.IPv4len
+	if nat.Family == unix.NFPROTO_IPV6 {
+		addrLen = net.IPv6len
+	}
+	portAt := registerOffset(nat.RegProtoMin) - registerOffset(nat.RegAddrMin)
+	var out []netip.AddrPort
+	for _, d := range data {
+		if portAt < addrLen || len(d) < portAt+2 {
+			continue
+		}
+		addr, ok := netip.AddrFromSlice(d[:addrLen])
+		if !ok {
+			continue
+		}
+		out = append(out, netip.AddrPortFrom(addr.Unmap(), binary.BigEndian.Uint16(d[portAt:portAt+2])))
+	}
+	return out
+}
+
+// registerOffset is where an nftables register starts in the kernel's register file: registers 1 to 4 are
+// 16 bytes each, the 32-bit registers (NFT_REG32_00 = 8 on) 4 bytes each, over the same bytes.
+func registerOffset(reg uint32) int {
+	if reg >= unix.NFT_REG32_00 {
+		return int(reg-unix.NFT_REG32_00) * 4
+	}
+	return int(reg-unix.NFT_REG_1) * 16
 }
 
 // parseVerdict reads the verdict of a map element: google/nftables returns its nested attributes as they
