@@ -19,8 +19,8 @@ import (
 )
 
 // TestDualStackNodeCache runs one node-cache process serving the link-local address and the kube-dns
-// ClusterIP of each family on a dual-stack simulated node, with kube-proxy in iptables and in nftables
-// mode, and checks that IPv6 Pod DNS stops at the node as IPv4's does: answered through both IPv6
+// ClusterIP of each family on a dual-stack simulated node, beside a real kube-proxy in dual-stack in
+// iptables and in nftables mode (simnode.NewDualStackWithKubeProxy), and checks that IPv6 Pod DNS stops at the node as IPv4's does: answered through both IPv6
 // addresses, by glibc (resolv.conf naming an IPv6 nameserver) and by dig over UDP and TCP, with no
 // conntrack entry for either, where the same lookups left one each before the cache started; and that
 // SIGTERM leaves nothing of the cache's in either family.
@@ -32,7 +32,7 @@ func TestDualStackNodeCache(t *testing.T) {
 
 func testDualStackNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 	privtest.RequirePrivileged(t, append(slices.Clone(simnode.DualStackTools), "nft", "getent", "dig", "iptables-save", "ip6tables-save")...)
-	n := simnode.NewDualStack(t, mode)
+	n := simnode.NewDualStackWithKubeProxy(t, mode)
 	e := &e2e{t: t, n: n, mode: mode}
 	e.clusterDNS = n.StartClusterDNS(nodeCache)
 	e.ext = n.StartExternalResolver(nodeCache)

@@ -55,7 +55,7 @@ func setArg(args []string, flag, value string) []string {
 // the other family's ClusterIP, the IPv6 addresses went undiverted, and every lookup to them in the gap was
 // lost.)
 func TestDualStackManifest(t *testing.T) {
-	r := newDualStackRig(t, simnode.IPTablesMode, true)
+	r := newEmulatedDualStackRig(t, simnode.IPTablesMode, true) // the API server of the test holds what the manifest reads
 	objs, err := manifests.Load(dualStackManifest)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ package faults
 import (
 	"context"
 	"net"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,8 +15,8 @@ import (
 )
 
 // The dual-stack cases: one cache serving the link-local address and the kube-dns ClusterIP of each
-// family (simnode.NewDualStack), failed open by the guard, and replaced with a gap and with a successor,
-// in both kube-proxy modes, with lookups to the four addresses:
+// family, failed open by the guard, and replaced with a gap and with a successor, beside a real kube-proxy
+// in dual-stack in both its modes (simnode.NewDualStackWithKubeProxy), with lookups to the four addresses:
 //
 //	NODELOCALDNS_REQUIRE_PRIVILEGED=1 go test -v -run TestDualStack ./test/faults/
 
@@ -26,27 +25,32 @@ var (
 	linkLocal6 = net.JoinHostPort(simnode.LinkLocalIP6, "53")
 )
 
-// newDualStackRig is a rig on a dual-stack node whose kube-proxy runs in mode: the cache serves the
-// link-local address and the kube-dns ClusterIP of each family, forwards to kube-dns-upstream's ClusterIP of
-// each, and with handover hands the node over in both. quiet starts the cluster DNS without its query log.
+// newDualStackRig is a rig on a dual-stack node whose rules a real kube-proxy in mode writes, in
+// dual-stack (simnode.NewDualStackWithKubeProxy): the cache serves the link-local address and the kube-dns
+// ClusterIP of each family, forwards to kube-dns-upstream's ClusterIP of each, and with handover hands the
+// node over in both. quiet starts the cluster DNS without its query log.
 func newDualStackRig(t *testing.T, mode simnode.KubeProxyMode, quiet bool) *rig {
+	t.Helper()
+	return newDualStackRigOn(t, mode, quiet, func() *simnode.Node { return simnode.NewDualStackWithKubeProxy(t, mode) })
+}
+
+// newEmulatedDualStackRig is newDualStackRig on a node whose kube-proxy rules simnode writes by hand
+// (simnode.NewDualStack).
+func newEmulatedDualStackRig(t *testing.T, mode simnode.KubeProxyMode, quiet bool) *rig {
+	t.Helper()
+	return newDualStackRigOn(t, mode, quiet, func() *simnode.Node { return simnode.NewDualStack(t, mode) })
+}
+
+func newDualStackRigOn(t *testing.T, mode simnode.KubeProxyMode, quiet bool, node func() *simnode.Node) *rig {
 	t.Helper()
 	backend := "nft" // the rig's iptables commands are named after the flavour
 	if mode == simnode.NFTablesMode {
 		backend = "auto"
 	}
-	bin := binary(t)
 	privtest.RequirePrivileged(t, privtest.IptablesCommands("nft")...)
-	n := simnode.NewDualStack(t, mode)
-	var clusterDNS *simnode.Process
-	if quiet {
-		clusterDNS = n.StartQuietClusterDNS(bin)
-	} else {
-		clusterDNS = n.StartClusterDNS(bin)
-	}
-	r := &rig{clusterDNS: clusterDNS, t: t, n: n, bin: bin, dir: t.TempDir(), backend: backend, dualStack: true,
-		listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP, simnode.LinkLocalIP6, simnode.KubeDNSClusterIP6}}
-	r.conf = filepath.Join(r.dir, "Corefile")
+	r := newRigOn(t, backend, quiet, node)
+	r.dualStack = true
+	r.listen = []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP, simnode.LinkLocalIP6, simnode.KubeDNSClusterIP6}
 	r.writeCorefile(r.corefile(53))
 	return r
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,14 +51,19 @@ func NewDualStack(t testing.TB, mode KubeProxyMode) *Node {
 		privtest.RequirePrivileged(t, DualStackTools...)
 	}
 	n := NewWithMode(t, mode)
-	n.DualStack = true
-	n.addIPv6()
+	n.addIPv6Links()
+	if n.Mode == NFTablesMode {
+		n.applyNFT(kubeProxyNFTable(ipv6Family), "kube-proxy's ip6 table")
+	} else {
+		n.applyRestore("ip6tables-restore", kubeProxyIPTablesRules(ipv6Family), "kube-proxy's ip6tables rules")
+	}
 	return n
 }
 
-// addIPv6 gives the node's links their IPv6 addresses and routes, and writes kube-proxy's IPv6 rules.
-func (n *Node) addIPv6() {
+// addIPv6Links gives the node's links their IPv6 addresses and routes, and waits until they are usable.
+func (n *Node) addIPv6Links() {
 	n.t.Helper()
+	n.DualStack = true
 	// The node namespace's default accept_dad stays as the kernel sets it, so that the cache's own link meets
 	// duplicate address detection as on a real node (the cache adds its addresses without it).
 	for _, ns := range []string{n.PodNS, n.DNSNS, n.ExtNS} {
@@ -68,11 +74,6 @@ func (n *Node) addIPv6() {
 	n.connect6(n.ExtNS, "ext", ExtResolverIP6, NodeExtSideIP6)
 	n.mustIn(n.NodeNS, "ip", "-6", "route", "add", "default", "via", ExtResolverIP6)
 	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
-	if n.Mode == NFTablesMode {
-		n.applyNFT(kubeProxyNFTable(ipv6Family), "kube-proxy's ip6 table")
-	} else {
-		n.applyRestore("ip6tables-restore", kubeProxyIPTablesRules(ipv6Family), "kube-proxy's ip6tables rules")
-	}
 	n.waitForIPv6()
 }
 
@@ -245,3 +246,28 @@ func (n *Node) listenAddrs(ip, ip6 string) []string {
 	}
 	return []string{ip}
 }
+
+// DualStackKubeProxySetup is the setup of a dual-stack node with a real kube-proxy
+// (NewDualStackWithKubeProxy): DefaultKubeProxySetup's IPv4 entries, each followed by its IPv6 one.
+func DualStackKubeProxySetup() KubeProxySetup {
+	p, a := netip.MustParsePrefix, netip.MustParseAddr
+	s := DefaultKubeProxySetup()
+	s.ServiceCIDRs = append(s.ServiceCIDRs, p(ServiceCIDR6))
+	s.ClusterCIDRs = append(s.ClusterCIDRs, p(PodCIDR6))
+	s.NodeIPs = append(s.NodeIPs, a(NodeExtSideIP6))
+	s.KubeDNS = append(s.KubeDNS, a(KubeDNSClusterIP6))
+	s.Upstream = append(s.Upstream, a(UpstreamClusterIP6))
+	s.ClusterDNSPods = append(s.ClusterDNSPods, a(ClusterDNSPodIP6))
+	return s
+}
+
+// NewDualStackWithKubeProxy builds the dual-stack node of NewDualStack with a real kube-proxy in mode
+// writing both families' rules (NewWithKubeProxySetup with DualStackKubeProxySetup): the Services are
+// RequireDualStack, each with a ClusterIP of each family, and the cluster-DNS Pod has an endpoint in each.
+func NewDualStackWithKubeProxy(t testing.TB, mode KubeProxyMode) *Node {
+	t.Helper()
+	return NewWithKubeProxySetup(t, mode, DualStackKubeProxySetup())
+}
+
+// dualStack reports whether the setup gives the Services a ClusterIP of each family.
+func (s KubeProxySetup) dualStack() bool { return len(s.KubeDNS) > 1 }

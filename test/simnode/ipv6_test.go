@@ -13,17 +13,19 @@ import (
 )
 
 // TestDualStackWithoutCacheLookupsAreDNATed checks the dual-stack simulated node itself, with kube-proxy in
-// each mode: with no node cache, a Pod's lookups to either kube-dns ClusterIP are DNATed to the cluster-DNS
-// Pod in the same family, each leaving a conntrack entry, and the node's own lookups to either
-// kube-dns-upstream ClusterIP take kube-proxy's output path.
+// each mode, its rules written by hand and by a real kube-proxy in dual-stack: with no node cache, a Pod's
+// lookups to either kube-dns ClusterIP are DNATed to the cluster-DNS Pod in the same family, each leaving a
+// conntrack entry, and the node's own lookups to either kube-dns-upstream ClusterIP take kube-proxy's
+// output path.
 func TestDualStackWithoutCacheLookupsAreDNATed(t *testing.T) {
 	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
-		t.Run(string(mode), func(t *testing.T) { testDualStackWithoutCache(t, mode) })
+		t.Run(string(mode), func(t *testing.T) { testDualStackWithoutCache(t, NewDualStack(t, mode)) })
+		t.Run(string(mode)+"/kube-proxy", func(t *testing.T) { testDualStackWithoutCache(t, NewDualStackWithKubeProxy(t, mode)) })
 	}
 }
 
-func testDualStackWithoutCache(t *testing.T, mode KubeProxyMode) {
-	n := NewDualStack(t, mode)
+func testDualStackWithoutCache(t *testing.T, n *Node) {
+	mode := n.Mode
 	clusterDNS := n.StartClusterDNS(nodeCache)
 	if mode == NFTablesMode {
 		out, err := n.In(context.Background(), n.NodeNS, "nft", "list", "tables")

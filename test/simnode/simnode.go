@@ -38,6 +38,9 @@
 // `table ip6 kube-proxy` (nftables mode, one table per family as kube-proxy's nftables proxier writes
 // them). The node-local address of that family is the dual-stack manifest's fd00:169:254::10. The cluster
 // DNS and the node's resolver listen on both families, and SetPodNameserver points the Pod at either.
+// NewDualStackWithKubeProxy builds the same node with a real kube-proxy in dual-stack writing both
+// families' rules (DualStackKubeProxySetup: the Services RequireDualStack, a ClusterIP and an endpoint of
+// each family), the IPv6 links in place before it starts.
 package simnode
 
 import (
@@ -153,6 +156,9 @@ func newNode(t testing.TB, mode KubeProxyMode, setup *KubeProxySetup) *Node {
 	// ClusterIPs need a route for host-network traffic before nat OUTPUT rewrites them.
 	n.mustIn(n.NodeNS, "ip", "route", "add", "default", "via", ExtResolverIP)
 	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	if setup != nil && setup.dualStack() {
+		n.addIPv6Links() // before kube-proxy starts, as on a dual-stack node
+	}
 	switch {
 	case setup != nil:
 		n.startKubeProxy(*setup)
