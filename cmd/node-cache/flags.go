@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -54,6 +55,9 @@ type nodeCacheFlags struct {
 	reloadWithSignal        bool
 	serveStale              bool
 	serveStalePolicy        string
+	// clusterIPs looks up the -upstreamsvc Service's ClusterIPs for the hand-over; nil asks the API
+	// (apiClusterIPs).
+	clusterIPs clusterIPsFunc
 }
 
 // registerNodeCacheFlags defines the flags on fs. CoreDNS's own -conf, -dns.port and -pidfile are defined
@@ -69,7 +73,7 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.BoolVar(&f.setupIptables, "setupiptables", true, "install the NOTRACK rules (notrack; false adds no_rules)")
 	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
 	fs.BoolVar(&f.handover, "handover", true, "at exit, hand the node to the cluster DNS until the next start answers instead of removing the interface and rules (notrack handover): "+
-		"the kube-dns ClusterIP ($KUBE_DNS_SERVICE_HOST, when one of -localip) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP ($<SERVICE>_SERVICE_HOST); "+
+		"the kube-dns ClusterIP ($KUBE_DNS_SERVICE_HOST, when one of -localip) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP of their family ($<SERVICE>_SERVICE_HOST, and the other family's from the API); "+
 		"not an upstream flag; with -daemonset an uninstall removes everything instead, and -cleanup does otherwise")
 	fs.StringVar(&f.lockFile, "lockfile", "", "node-lock file that keeps a second cache off the node (notrack lock); not an upstream flag; default /run/nodelocaldns.lock")
 	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
@@ -229,7 +233,8 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 
 // handoverAddresses turns the hand-over on and fills in its addresses from the variables Kubernetes gives
 // every container of kube-system: the kube-dns ClusterIP, when it is one of the local IPs, and the
-// ClusterIP of -upstreamsvc, where the other local IPs are diverted.
+// ClusterIP of -upstreamsvc, where the other local IPs are diverted; on a dual-stack node the API gives the
+// -upstreamsvc ClusterIP of the other family, which no variable names (completeUpstream).
 func (f *nodeCacheFlags) handoverAddresses(n *corefile.Notrack, localIPs []netip.Addr, getenv func(string) string) error {
 	n.Handover = true
 	if ip, err := netip.ParseAddr(getenv("KUBE_DNS_SERVICE_HOST")); err == nil {
@@ -247,6 +252,11 @@ func (f *nodeCacheFlags) handoverAddresses(n *corefile.Notrack, localIPs []netip
 		}
 		n.HandoverUpstream = ips
 	}
+	lookup := f.clusterIPs
+	if lookup == nil {
+		lookup = apiClusterIPs(f.uninstall.kubeconfig)
+	}
+	n.HandoverUpstream = completeUpstream(context.Background(), f.upstreamSvc, divertedAddrs(localIPs, n.ServiceAddresses), n.HandoverUpstream, lookup)
 	return nil
 }
 

@@ -41,7 +41,7 @@ type guardFlags struct {
 func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	g := &guardFlags{}
 	fs.StringVar(&g.serviceIPs, "guard.serviceips", "", "those of -localip that are kube-proxy Service ClusterIPs, removed from the link when failing open; default $KUBE_DNS_SERVICE_HOST when it is one of them")
-	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST")
+	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST and, from the API, its ClusterIP of a family that names none")
 	registerBackendFlag(fs, &g.backend)
 	fs.StringVar(&g.lockPath, "guard.lockpath", nodelocal.DefaultGuardLockPath, "the guard's lock file (one guard per node)")
 	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds while the cache may be failing: from when its lock file (-lockfile) is closed, or a round fails, until it answers again")
@@ -178,6 +178,9 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 	cfg, err := g.guardConfig(fs, nc, os.Getenv)
 	if err != nil {
 		return err
+	}
+	if g.upstreamIPs == "" { // the kubelet's variable names one family's ClusterIP at most
+		cfg.Upstream = completeUpstream(context.Background(), nc.upstreamSvc, divertedAddrs(cfg.Addresses, cfg.ServiceAddresses), cfg.Upstream, apiClusterIPs(nc.uninstall.kubeconfig))
 	}
 	cfg.Logger = log
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -46,7 +46,7 @@ func registerUninstallFlags(fs *flag.FlagSet) *uninstallFlags {
 	fs.StringVar(&u.daemonSet, "daemonset", "", "NAMESPACE/NAME of the DaemonSet this Pod belongs to, watched through the Kubernetes API: once it is deleted (an uninstall) "+
 		"the cache removes everything from the node at exit instead of handing it over, and so does the guard after a dead cache; "+
 		"while it exists, or the API does not say, a stop is a restart; empty (the default, and outside Kubernetes) turns this off; not an upstream flag")
-	fs.StringVar(&u.kubeconfig, "kubeconfig", "", "kubeconfig for -daemonset; default the Pod's ServiceAccount; not an upstream flag")
+	fs.StringVar(&u.kubeconfig, "kubeconfig", "", "kubeconfig for -daemonset and for the -upstreamsvc Service's ClusterIP of a family its variable does not name (dual-stack); default the Pod's ServiceAccount; not an upstream flag")
 	return u
 }
 

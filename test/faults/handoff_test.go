@@ -59,11 +59,11 @@ func (r *rig) runLoad(done <-chan struct{}) map[string]simnode.LoadResult {
 		results = map[string]simnode.LoadResult{}
 		wg      sync.WaitGroup
 	)
-	for _, server := range []string{kubeDNS, linkLocal} {
+	for _, server := range r.servers() {
 		wg.Go(func() {
 			res, err := r.n.RunLoad(context.Background(), r.n.PodNS, simnode.Load{
 				Server: server, Name: "kubernetes.default.svc.cluster.local",
-				Rate: restartLoadRate, Duration: restartLoadMin, Until: done, Timeout: time.Second,
+				Rate: r.loadRate(), Duration: restartLoadMin, Until: done, Timeout: time.Second,
 				Sockets: 32, SocketReuse: 20,
 			})
 			if err != nil {
@@ -81,13 +81,13 @@ func (r *rig) runLoad(done <-chan struct{}) map[string]simnode.LoadResult {
 // checkNoLookupLost fails the test unless every lookup of the load was answered.
 func (r *rig) checkNoLookupLost(results map[string]simnode.LoadResult) {
 	r.t.Helper()
-	for _, server := range []string{kubeDNS, linkLocal} {
+	for _, server := range r.servers() {
 		res := results[server]
 		r.t.Logf("%s: %v", server, res)
 		if res.Failed() != 0 {
 			r.t.Errorf("%s: %d of %d lookups failed (%v)", server, res.Failed(), res.Sent, res)
 		}
-		if want := int(restartLoadRate * restartLoadMin.Seconds()); res.Sent < want {
+		if want := int(float64(r.loadRate()) * restartLoadMin.Seconds()); res.Sent < want {
 			r.t.Errorf("%s: %d lookups sent, want at least %d", server, res.Sent, want)
 		}
 	}
@@ -98,24 +98,26 @@ func (r *rig) checkNoLookupLost(results map[string]simnode.LoadResult) {
 func (r *rig) checkServedUntracked() {
 	r.t.Helper()
 	if r.n.Mode == simnode.NFTablesMode {
-		if !r.hooked() || !has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
+		if !r.hooked() || !r.linkHoldsAll() {
 			r.t.Errorf("after the replacement: hooked %v, link %v", r.hooked(), r.linkAddrs())
 		}
 		if out, err := r.nft("list", "table", "inet", "nodelocaldns-guard"); err == nil {
 			r.t.Errorf("the divert is still there:\n%s", out)
 		}
 	} else {
-		if !r.jumps() || !has(r.linkAddrs(), simnode.KubeDNSClusterIP) || !has(r.linkAddrs(), simnode.LinkLocalIP) {
+		if !r.jumps() || !r.linkHoldsAll() {
 			r.t.Errorf("after the replacement: jumps %v, link %v", r.jumps(), r.linkAddrs())
 		}
-		if out, err := r.ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); err == nil {
-			r.t.Errorf("the divert is still there:\n%s", out)
+		for _, ipt := range r.families() {
+			if out, err := ipt("-t", "nat", "-S", "NODELOCALDNS-GUARD"); err == nil {
+				r.t.Errorf("the divert is still there:\n%s", out)
+			}
 		}
 	}
 	if err := r.n.FlushConntrack(); err != nil {
 		r.t.Fatal(err)
 	}
-	for _, server := range []string{kubeDNS, linkLocal} {
+	for _, server := range r.servers() {
 		for range 5 {
 			if err := r.podQuery(server); err != nil {
 				r.t.Errorf("%s: %v", server, err)

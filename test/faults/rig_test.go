@@ -85,8 +85,11 @@ type rig struct {
 	// wirecache puts wirecache in front of the cache, as the manifests do: hits cost a fraction of the CPU.
 	wirecache bool
 	// listen are the cache's addresses: the link-local one and the kube-dns ClusterIP (iptables mode),
-	// or the link-local one only (IPVS mode).
+	// or the link-local one only (IPVS mode); on a dual-stack node those of both families.
 	listen []string
+	// dualStack is set on a dual-stack node (newDualStackRig): the Service and upstream addresses are
+	// those of both families.
+	dualStack bool
 }
 
 func newRig(t *testing.T, backend string) *rig {
@@ -133,9 +136,9 @@ func (r *rig) corefile(port int) string {
 	}
 	handover := ""
 	if r.handover {
-		handover = "\n        handover " + simnode.UpstreamClusterIP
-		if has(r.listen, simnode.KubeDNSClusterIP) {
-			handover += "\n        service " + simnode.KubeDNSClusterIP
+		handover = "\n        handover " + strings.Join(r.upstreamIPs(), " ")
+		if services := r.serviceIPs(); len(services) > 0 {
+			handover += "\n        service " + strings.Join(services, " ")
 		}
 	}
 	return fmt.Sprintf(`.:%d {
@@ -148,9 +151,9 @@ func (r *rig) corefile(port int) string {
     prometheus %s
     errors
     %s
-    forward . %s:53
+    forward . %s
 }
-`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), handover, cacheMetrics, cache, simnode.UpstreamClusterIP)
+`, port, strings.Join(r.listen, " "), r.backend, filepath.Join(r.dir, "nodelocaldns.lock"), handover, cacheMetrics, cache, r.forwardTo())
 }
 
 func (r *rig) writeCorefile(content string) {
@@ -174,11 +177,11 @@ func (r *rig) startCache(extra ...string) *simnode.Process {
 func (r *rig) startGuard(extra ...string) *simnode.Process {
 	r.t.Helper()
 	args := []string{"-guard", "-localip", strings.Join(r.listen, ",")}
-	if has(r.listen, simnode.KubeDNSClusterIP) {
-		args = append(args, "-guard.serviceips", simnode.KubeDNSClusterIP)
+	if services := r.serviceIPs(); len(services) > 0 {
+		args = append(args, "-guard.serviceips", strings.Join(services, ","))
 	}
 	args = append(args,
-		"-guard.upstreamips", simnode.UpstreamClusterIP,
+		"-guard.upstreamips", strings.Join(r.upstreamIPs(), ","),
 		"-guard.backend", r.backend,
 		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"),
 		"-lockfile", filepath.Join(r.dir, "nodelocaldns.lock"), // the cache's, which tells the guard it died
@@ -248,23 +251,28 @@ func (r *rig) mustIpt(args ...string) string {
 }
 
 // jumps reports whether the cache's jump is the first rule of raw PREROUTING and OUTPUT and of filter
-// INPUT and OUTPUT.
+// INPUT and OUTPUT, in ip6tables too on a dual-stack node.
 func (r *rig) jumps() bool {
-	for _, hook := range [][2]string{{"raw", "PREROUTING"}, {"raw", "OUTPUT"}, {"filter", "INPUT"}, {"filter", "OUTPUT"}} {
-		out, err := r.ipt("-t", hook[0], "-S", hook[1], "1")
-		if err != nil || !strings.Contains(out, "-j NODELOCALDNS") {
-			return false
+	for _, ipt := range r.families() {
+		for _, hook := range [][2]string{{"raw", "PREROUTING"}, {"raw", "OUTPUT"}, {"filter", "INPUT"}, {"filter", "OUTPUT"}} {
+			out, err := ipt("-t", hook[0], "-S", hook[1], "1")
+			if err != nil || !strings.Contains(out, "-j NODELOCALDNS") {
+				return false
+			}
 		}
 	}
 	return true
 }
 
-// anyJump reports whether any hook still jumps to the cache's chains.
+// anyJump reports whether any hook still jumps to the cache's chains, in either family on a dual-stack
+// node.
 func (r *rig) anyJump() bool {
-	for _, table := range []string{"raw", "filter"} {
-		out, _ := r.ipt("-t", table, "-S")
-		if strings.Contains(out, "-j NODELOCALDNS") {
-			return true
+	for _, ipt := range r.families() {
+		for _, table := range []string{"raw", "filter"} {
+			out, _ := ipt("-t", table, "-S")
+			if strings.Contains(out, "-j NODELOCALDNS") {
+				return true
+			}
 		}
 	}
 	return false
@@ -279,7 +287,8 @@ func (r *rig) chainRules(table, chain string) int {
 	return strings.Count(out, "-A "+chain+" ")
 }
 
-// linkAddrs returns the addresses on the cache's link, nil when it does not exist.
+// linkAddrs returns the addresses on the cache's link, the kernel's own IPv6 link-local one aside, nil when
+// it does not exist.
 func (r *rig) linkAddrs() []string {
 	out, err := r.n.In(context.Background(), r.n.NodeNS, "ip", "-o", "addr", "show", "dev", "nodelocaldns")
 	if err != nil {
@@ -289,7 +298,7 @@ func (r *rig) linkAddrs() []string {
 	for line := range strings.SplitSeq(out, "\n") {
 		f := strings.Fields(line)
 		for i := range f {
-			if (f[i] == "inet" || f[i] == "inet6") && i+1 < len(f) {
+			if (f[i] == "inet" || f[i] == "inet6") && i+1 < len(f) && !strings.HasPrefix(f[i+1], "fe80:") {
 				addrs = append(addrs, strings.Split(f[i+1], "/")[0])
 			}
 		}

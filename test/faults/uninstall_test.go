@@ -11,6 +11,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -37,13 +38,19 @@ type uninstallAPI struct {
 	kubeconfig string
 }
 
-// newUninstallAPI starts the API server, creates the objects, and waits until the ServiceAccount may watch
-// the DaemonSet.
+// newUninstallAPI starts the API server, creates the objects of the first manifest, and waits until the
+// ServiceAccount may watch the DaemonSet.
 func newUninstallAPI(t *testing.T, r *rig) *uninstallAPI {
+	t.Helper()
+	return newManifestAPI(t, r, manifests.Manifests[0].File)
+}
+
+// newManifestAPI is newUninstallAPI with the objects of the manifest file, and services created too.
+func newManifestAPI(t *testing.T, r *rig, file string, services ...*corev1.Service) *uninstallAPI {
 	t.Helper()
 	s := kubeapi.Start(t)
 	ctx := context.Background()
-	objs, err := manifests.Load(manifests.Manifests[0].File)
+	objs, err := manifests.Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +80,11 @@ func newUninstallAPI(t *testing.T, r *rig) *uninstallAPI {
 	} {
 		if err := c.create(); err != nil {
 			t.Fatalf("creating the manifest's %s: %v", c.what, err)
+		}
+	}
+	for _, svc := range services {
+		if _, err := a.admin.CoreV1().Services(svc.Namespace).Create(ctx, svc, strict); err != nil {
+			t.Fatalf("creating Service %s: %v", svc.Name, err)
 		}
 	}
 	tr, err := a.admin.CoreV1().ServiceAccounts(sa.Namespace).CreateToken(ctx, sa.Name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})

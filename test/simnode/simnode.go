@@ -29,6 +29,18 @@
 // waiting until kube-proxy's rules show it; a kube-proxy that died or failed a sync fails the test. Its
 // KubeProxySetup takes a list per family, for a dual-stack node. The hand-written rules remain for tests of
 // the cache alone, and for cases a real kube-proxy cannot be made to show.
+//
+// NewDualStack adds IPv6 beside all of it (ipv6.go), as on a dual-stack cluster: the Pod fd00:10:244::2,
+// the cluster-DNS Pod fd00:10:244:1::2 and the node's resolver fd00:192:0:2::53, each on a /64 of its link,
+// with duplicate address detection off in those namespaces so that the addresses are usable at once; the
+// node forwards IPv6, and kube-proxy's IPv6 rules serve the kube-dns ClusterIP fd00:10:96::a and the
+// kube-dns-upstream ClusterIP fd00:10:96::b, in ip6tables' nat table laid out as above (iptables mode) or in
+// `table ip6 kube-proxy` (nftables mode, one table per family as kube-proxy's nftables proxier writes
+// them). The node-local address of that family is the dual-stack manifest's fd00:169:254::10. The cluster
+// DNS and the node's resolver listen on both families, and SetPodNameserver points the Pod at either.
+// NewDualStackWithKubeProxy builds the same node with a real kube-proxy in dual-stack writing both
+// families' rules (DualStackKubeProxySetup: the Services RequireDualStack, a ClusterIP and an endpoint of
+// each family), the IPv6 links in place before it starts.
 package simnode
 
 import (
@@ -91,6 +103,8 @@ type Node struct {
 	NodeNS, PodNS, DNSNS, ExtNS string
 	// Mode is the simulated kube-proxy's mode.
 	Mode KubeProxyMode
+	// DualStack is set on a node that has IPv6 beside IPv4 (NewDualStack).
+	DualStack bool
 	// KubeProxy is the real kube-proxy of a node built by NewWithKubeProxy, nil where the rules are
 	// written by hand.
 	KubeProxy *KubeProxy
@@ -142,6 +156,9 @@ func newNode(t testing.TB, mode KubeProxyMode, setup *KubeProxySetup) *Node {
 	// ClusterIPs need a route for host-network traffic before nat OUTPUT rewrites them.
 	n.mustIn(n.NodeNS, "ip", "route", "add", "default", "via", ExtResolverIP)
 	n.mustIn(n.NodeNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	if setup != nil && setup.dualStack() {
+		n.addIPv6Links() // before kube-proxy starts, as on a dual-stack node
+	}
 	switch {
 	case setup != nil:
 		n.startKubeProxy(*setup)
@@ -642,7 +659,8 @@ func (n *Node) startClusterDNS(binary, zone, log string) *Process {
 	n.t.Helper()
 	dir := n.t.TempDir()
 	path := filepath.Join(dir, "cluster.local.db")
-	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    %s\n    file %s\n}\n", ClusterDNSPodIP, log, path)
+	bind := strings.Join(n.listenAddrs(ClusterDNSPodIP, ClusterDNSPodIP6), " ")
+	corefile := fmt.Sprintf("cluster.local:53 {\n    bind %s\n    %s\n    file %s\n}\n", bind, log, path)
 	return n.startCoreDNS(binary, n.DNSNS, dir, corefile, map[string]string{path: zone}, ClusterDNSPodIP)
 }
 
@@ -652,7 +670,7 @@ func (n *Node) StartExternalResolver(binary string) *Process {
 	n.t.Helper()
 	dir := n.t.TempDir()
 	corefile := fmt.Sprintf(".:53 {\n    bind %s\n    log\n    template IN A {\n        answer \"{{ .Name }} 60 IN A %s\"\n    }\n}\n",
-		ExtResolverIP, ExternalAnswer)
+		strings.Join(n.listenAddrs(ExtResolverIP, ExtResolverIP6), " "), ExternalAnswer)
 	return n.startCoreDNS(binary, n.ExtNS, dir, corefile, nil, ExtResolverIP)
 }
 

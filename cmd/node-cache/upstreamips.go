@@ -1,0 +1,93 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubeclient"
+	"github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
+)
+
+// upstreamLookupTimeout bounds asking the API for the -upstreamsvc Service's ClusterIPs at start: an API
+// that does not answer costs the start this much, and the address families it would have given go
+// undiverted (logged).
+const upstreamLookupTimeout = 5 * time.Second
+
+// clusterIPsFunc returns the ClusterIPs of Service service (in kube-system), primary family first; a nil
+// slice and a reason when there is no API to ask.
+type clusterIPsFunc func(ctx context.Context, service string) (ips []netip.Addr, noAPI string, err error)
+
+// apiClusterIPs is the clusterIPsFunc of the Kubernetes API that kubeconfig (the -kubeconfig flag), or the
+// Pod's ServiceAccount, reaches.
+func apiClusterIPs(kubeconfig string) clusterIPsFunc {
+	return func(ctx context.Context, service string) ([]netip.Addr, string, error) {
+		rc, reason, err := kubeclient.Config(kubeconfig, dsUserAgent)
+		if err != nil || rc == nil {
+			return nil, reason, err
+		}
+		ips, err := upstreamsvc.ClusterIPs(ctx, rc, corefile.DefaultNamespace, service)
+		return ips, "", err
+	}
+}
+
+// completeUpstream adds to upstream (the -upstreamsvc Service's ClusterIPs that the kubelet's variable
+// gave: the primary family's only) the Service's ClusterIP of every family that divert, the local addresses
+// diverted to it, needs and upstream lacks, asking lookup: on a dual-stack node the IPv6 link-local address
+// is diverted to the Service's IPv6 ClusterIP, which no variable names. Nothing is asked when upstream
+// covers every family already (a single-stack node). A family the lookup cannot fill is logged: its
+// addresses go undiverted when the node is handed over or failed open.
+func completeUpstream(ctx context.Context, service string, divert, upstream []netip.Addr, lookup clusterIPsFunc) []netip.Addr {
+	if len(uncovered(divert, upstream)) == 0 {
+		return upstream
+	}
+	ctx, cancel := context.WithTimeout(ctx, upstreamLookupTimeout)
+	defer cancel()
+	ips, noAPI, err := lookup(ctx, service)
+	if err == nil && ips == nil {
+		err = errors.New(noAPI)
+	}
+	out := slices.Clone(upstream)
+	for _, ip := range ips {
+		if ip = ip.Unmap(); len(uncovered([]netip.Addr{ip}, out)) > 0 && len(uncovered(divert, []netip.Addr{ip})) < len(divert) {
+			out = append(out, ip)
+		}
+	}
+	if left := uncovered(divert, out); len(left) > 0 {
+		why := "the Service has no ClusterIP of their family"
+		if err != nil {
+			why = err.Error()
+		}
+		log.Warningf("no ClusterIP of Service %s for %v (%s): they go undiverted when the node is handed over or failed open; -guard.upstreamips names them for the guard",
+			service, left, why)
+	}
+	return out
+}
+
+// uncovered returns the addresses of addrs of a family that none of ips is of.
+func uncovered(addrs, ips []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if !slices.ContainsFunc(ips, func(ip netip.Addr) bool { return ip.Unmap().Is4() == a.Unmap().Is4() }) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// divertedAddrs returns the local addresses that are not Service addresses: those diverted to
+// kube-dns-upstream.
+func divertedAddrs(local, services []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range local {
+		if !slices.Contains(services, a.Unmap()) {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
