@@ -1,7 +1,6 @@
 package kubernetes
 
 import (
-	"encoding/json"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -84,9 +83,9 @@ func TestMonitoring(t *testing.T) {
 	if cm == nil || cm.Labels["grafana_dashboard"] != "1" {
 		t.Fatalf("dashboard ConfigMap %+v", cm)
 	}
-	var dash dashboard
-	if err := json.Unmarshal([]byte(cm.Data["node-local-dns.json"]), &dash); err != nil {
-		t.Fatalf("dashboard JSON: %v", err)
+	dash, err := ParseDashboard([]byte(cm.Data["node-local-dns.json"]))
+	if err != nil {
+		t.Fatal(err)
 	}
 	n := 0
 	for _, p := range dash.Panels {
@@ -109,23 +108,6 @@ func TestMonitoring(t *testing.T) {
 	if n < 15 {
 		t.Errorf("the dashboard has %d queries; did its panels lose their targets?", n)
 	}
-}
-
-// dashboard is the part of a Grafana dashboard the test reads.
-type dashboard struct {
-	Panels []struct {
-		Title   string `json:"title"`
-		Targets []struct {
-			Expr string `json:"expr"`
-		} `json:"targets"`
-	} `json:"panels"`
-	Templating struct {
-		List []struct {
-			Name       string `json:"name"`
-			Type       string `json:"type"`
-			Definition string `json:"definition"`
-		} `json:"list"`
-	} `json:"templating"`
 }
 
 var labelValues = regexp.MustCompile(`^label_values\((.+), *[a-z_]+\)$`)

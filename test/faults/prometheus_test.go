@@ -428,22 +428,6 @@ func (r *rig) askNewNames(t *testing.T) (stop func()) {
 	}
 }
 
-// grafanaPanels is the part of the dashboard the check reads.
-type grafanaPanels struct {
-	Panels []struct {
-		Title   string `json:"title"`
-		Targets []struct {
-			Expr string `json:"expr"`
-		} `json:"targets"`
-	} `json:"panels"`
-	Templating struct {
-		List []struct {
-			Name       string `json:"name"`
-			Definition string `json:"definition"`
-		} `json:"list"`
-	} `json:"templating"`
-}
-
 // checkDashboard runs every query of the chart's dashboard against the live scrape, as Grafana would with
 // the job and node variables set to the simulated node's and $__rate_interval to what Grafana makes of the
 // ServiceMonitor's 30 s interval (4 of them), and fails for each panel none of whose queries returns a
@@ -454,8 +438,8 @@ func (p *prometheus) checkDashboard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dash grafanaPanels
-	if err := json.Unmarshal(data, &dash); err != nil {
+	dash, err := manifests.ParseDashboard(data)
+	if err != nil {
 		t.Fatal(err)
 	}
 	vars := strings.NewReplacer("$__rate_interval", "2m", "$job", "node-local-dns", "$node", "127.0.0.1")
