@@ -117,7 +117,8 @@ func NewWithKubeProxySetup(t testing.TB, mode KubeProxyMode, setup KubeProxySetu
 
 // KubeProxy is the real kube-proxy of a node, its API server, and the API objects it serves.
 type KubeProxy struct {
-	// API is the API server; Admin a client of it with every permission.
+	// API is the API server (only a node's own, not a SharedAPI's, may be stopped); Admin a client of it
+	// with every permission.
 	API   *kubeapi.Server
 	Admin kubernetes.Interface
 	Setup KubeProxySetup
@@ -175,8 +176,8 @@ func (kp *KubeProxy) Churn(n int) kubeproxy.SyncMetrics {
 	return m
 }
 
-// startKubeProxy starts the API server (or takes setup.API's), writes the objects kube-proxy reads, starts kube-proxy in the node
-// namespace and waits until its rules serve both Services.
+// startKubeProxy starts the API server (or takes setup.API's), writes the objects kube-proxy reads, starts
+// kube-proxy in the node namespace and waits until its rules serve both Services.
 func (n *Node) startKubeProxy(setup KubeProxySetup) {
 	n.t.Helper()
 	binary := kubeproxy.RequireBinary(n.t)
