@@ -21,6 +21,9 @@ import (
 
 var nodeCache string
 
+// kubeAPI is the API server of the package's nodes.
+var kubeAPI simnode.SharedAPI
+
 func TestMain(m *testing.M) {
 	code, err := run(m)
 	if err != nil {
@@ -41,7 +44,8 @@ func run(m *testing.M) (int, error) {
 	if nodeCache, err = simnode.BuildNodeCache(ctx, dir); err != nil {
 		return 0, err
 	}
-	return m.Run(), nil
+	code := m.Run()
+	return code, kubeAPI.Stop()
 }
 
 // lookups is how many Pod lookups each conntrack measurement makes; every one is a new process, so a new
@@ -273,7 +277,7 @@ func testNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 			}
 		}
 	})
-	n = simnode.NewWithKubeProxy(t, mode)
+	n = simnode.NewWithKubeProxy(t, &kubeAPI, mode)
 	e := &e2e{t: t, n: n, mode: mode}
 	e.clusterDNS = n.StartClusterDNS(nodeCache)
 	e.ext = n.StartExternalResolver(nodeCache)

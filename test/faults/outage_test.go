@@ -126,7 +126,7 @@ func TestClusterDNSOutage(t *testing.T) {
 		t.Fatalf("an outage of %v ends before the hot names' entries expire (%v) and go stale; use 40s or more", outage, changedTTL)
 	}
 	bin := binary(t)
-	n := simnode.NewWithKubeProxy(t, simnode.IPTablesMode)
+	n := simnode.NewWithKubeProxy(t, &kubeAPI, simnode.IPTablesMode)
 	r := &rig{t: t, n: n, bin: bin, dir: t.TempDir(), backend: "nft", listen: []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP}}
 	r.clusterDNS = n.StartClusterDNS(bin)
 	n.StartExternalResolver(bin)

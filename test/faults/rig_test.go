@@ -38,9 +38,16 @@ var build = simnode.SharedBuild{Prefix: "nodelocaldns-faults-", Check: func(binP
 	return nil
 }}
 
+// kubeAPI is the API server of the package's nodes, shared as build is.
+var kubeAPI simnode.SharedAPI
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	build.Remove()
+	if err := kubeAPI.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
 	os.Exit(code)
 }
 
@@ -107,7 +114,7 @@ func newRigMode(t *testing.T, backend string, mode simnode.KubeProxyMode) *rig {
 // are a real kube-proxy's (simnode.NewWithKubeProxy).
 func newRigWith(t *testing.T, backend string, mode simnode.KubeProxyMode, quiet bool) *rig {
 	t.Helper()
-	return newRigOn(t, backend, quiet, func() *simnode.Node { return simnode.NewWithKubeProxy(t, mode) })
+	return newRigOn(t, backend, quiet, func() *simnode.Node { return simnode.NewWithKubeProxy(t, &kubeAPI, mode) })
 }
 
 func newRigOn(t *testing.T, backend string, quiet bool, node func() *simnode.Node) *rig {

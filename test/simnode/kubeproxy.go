@@ -73,6 +73,9 @@ type KubeProxySetup struct {
 	KubeDNS, Upstream []netip.Addr
 	// ClusterDNSPods are the endpoints of both Services.
 	ClusterDNSPods []netip.Addr
+	// API, when set, holds the API server, shared with the test binary's other nodes; nil starts one for the
+	// node alone (for a test that stops or restarts it).
+	API *SharedAPI
 	// SyncPeriod is kube-proxy's syncPeriod (kubeproxy.Config's; 0: its default). kube-proxy syncs on
 	// changes, not periodically: Churn makes it sync.
 	SyncPeriod time.Duration
@@ -93,10 +96,12 @@ func DefaultKubeProxySetup() KubeProxySetup {
 
 // NewWithKubeProxy builds a simulated node whose rules a real kube-proxy in mode writes, against a real
 // API server holding kube-dns and kube-dns-upstream with the cluster-DNS Pod as their endpoint, and
-// registers its removal with t.Cleanup.
-func NewWithKubeProxy(t testing.TB, mode KubeProxyMode) *Node {
+// registers its removal with t.Cleanup. The API server is api's (KubeProxySetup.API).
+func NewWithKubeProxy(t testing.TB, api *SharedAPI, mode KubeProxyMode) *Node {
 	t.Helper()
-	return NewWithKubeProxySetup(t, mode, DefaultKubeProxySetup())
+	setup := DefaultKubeProxySetup()
+	setup.API = api
+	return NewWithKubeProxySetup(t, mode, setup)
 }
 
 // NewWithKubeProxySetup is NewWithKubeProxy with setup.
@@ -112,7 +117,8 @@ func NewWithKubeProxySetup(t testing.TB, mode KubeProxyMode, setup KubeProxySetu
 
 // KubeProxy is the real kube-proxy of a node, its API server, and the API objects it serves.
 type KubeProxy struct {
-	// API is the API server; Admin a client of it with every permission.
+	// API is the API server (only a node's own, not a SharedAPI's, may be stopped); Admin a client of it
+	// with every permission.
 	API   *kubeapi.Server
 	Admin kubernetes.Interface
 	Setup KubeProxySetup
@@ -170,8 +176,8 @@ func (kp *KubeProxy) Churn(n int) kubeproxy.SyncMetrics {
 	return m
 }
 
-// startKubeProxy starts the API server, writes the objects kube-proxy reads, starts kube-proxy in the node
-// namespace and waits until its rules serve both Services.
+// startKubeProxy starts the API server (or takes setup.API's), writes the objects kube-proxy reads, starts
+// kube-proxy in the node namespace and waits until its rules serve both Services.
 func (n *Node) startKubeProxy(setup KubeProxySetup) {
 	n.t.Helper()
 	binary := kubeproxy.RequireBinary(n.t)
@@ -179,7 +185,12 @@ func (n *Node) startKubeProxy(setup KubeProxySetup) {
 	for _, p := range setup.ServiceCIDRs {
 		cidrs = append(cidrs, p.String())
 	}
-	api := kubeapi.StartWith(n.t, kubeapi.Options{ServiceCIDRs: cidrs})
+	var api *kubeapi.Server
+	if setup.API != nil {
+		api = setup.API.acquire(n.t, kubeapi.Options{ServiceCIDRs: cidrs})
+	} else {
+		api = kubeapi.StartWith(n.t, kubeapi.Options{ServiceCIDRs: cidrs})
+	}
 	kp := &KubeProxy{API: api, Admin: kubernetes.NewForConfigOrDie(api.AdminConfig()), Setup: setup, n: n, binary: binary}
 	ctx, cancel := context.WithTimeout(context.Background(), kubeProxyWait)
 	defer cancel()

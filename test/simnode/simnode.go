@@ -27,7 +27,8 @@
 // EndpointSlices for the cluster-DNS Pod. Node.KubeProxy then restarts it, reads its sync metrics, and
 // changes the Services' endpoints (AddClusterDNSPod adds a second cluster-DNS Pod to move to), each change
 // waiting until kube-proxy's rules show it; a kube-proxy that died or failed a sync fails the test. Its
-// KubeProxySetup takes a list per family, for a dual-stack node. The hand-written rules remain for tests of
+// KubeProxySetup takes a list per family, for a dual-stack node. A SharedAPI keeps the API server for a
+// test binary's later nodes, each starting from the same objects. The hand-written rules remain for tests of
 // the cache alone, and for cases a real kube-proxy cannot be made to show.
 //
 // NewDualStack adds IPv6 beside all of it (ipv6.go), as on a dual-stack cluster: the Pod fd00:10:244::2,

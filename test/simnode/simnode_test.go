@@ -4,15 +4,22 @@ package simnode
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubeapi"
 )
 
 var nodeCache string
+
+// kubeAPI is the API server of the package's nodes with a real kube-proxy.
+var kubeAPI SharedAPI
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "simnode")
@@ -28,6 +35,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if err := kubeAPI.Stop(); err != nil {
+		panic(err)
+	}
 	os.Exit(code)
 }
 
@@ -37,7 +47,7 @@ func TestMain(m *testing.M) {
 func TestWithoutCacheLookupsAreDNATed(t *testing.T) {
 	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
 		t.Run(string(mode), func(t *testing.T) { testWithoutCache(t, NewWithMode(t, mode)) })
-		t.Run("real-"+string(mode), func(t *testing.T) { testWithoutCache(t, NewWithKubeProxy(t, mode)) })
+		t.Run("real-"+string(mode), func(t *testing.T) { testWithoutCache(t, NewWithKubeProxy(t, &kubeAPI, mode)) })
 	}
 }
 
@@ -147,7 +157,7 @@ func TestLoadCountsEveryLookup(t *testing.T) {
 func TestRealKubeProxyFollowsTheEndpointSlice(t *testing.T) {
 	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
 		t.Run(string(mode), func(t *testing.T) {
-			n := NewWithKubeProxy(t, mode)
+			n := NewWithKubeProxy(t, &kubeAPI, mode)
 			n.StartClusterDNS(nodeCache)
 			second := n.AddClusterDNSPod()
 			moved := n.StartClusterDNSIn(nodeCache, second, SecondClusterDNSPodIP)
@@ -174,5 +184,48 @@ func TestRealKubeProxyFollowsTheEndpointSlice(t *testing.T) {
 			m := n.KubeProxy.WaitForSync()
 			t.Logf("kube-proxy: %v", m)
 		})
+	}
+}
+
+// TestSharedAPIStartsEachNodeClean: a node on the shared API server finds the objects writeObjects writes,
+// not what the previous node's test left (kube-dns-upstream deleted, the churn Service created).
+func TestSharedAPIStartsEachNodeClean(t *testing.T) {
+	t.Run("leaves", func(t *testing.T) {
+		n := NewWithKubeProxy(t, &kubeAPI, IPTablesMode)
+		n.KubeProxy.Churn(1)
+		n.KubeProxy.DeleteService(UpstreamService)
+	})
+	t.Run("finds", func(t *testing.T) {
+		// Building the node waits until kube-proxy's rules send both DNS Services to the cluster-DNS Pod.
+		n := NewWithKubeProxy(t, &kubeAPI, IPTablesMode)
+		// The churn Service is created again on first use.
+		n.KubeProxy.Churn(1)
+	})
+}
+
+// refusingTB is t where Fatalf records its message and ends the goroutine.
+type refusingTB struct {
+	testing.TB
+	msg string
+}
+
+func (r *refusingTB) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestSharedAPIRefusesASecondNode: while a node uses the shared API server, another cannot have it.
+func TestSharedAPIRefusesASecondNode(t *testing.T) {
+	NewWithKubeProxy(t, &kubeAPI, IPTablesMode)
+	second := &refusingTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		kubeAPI.acquire(second, kubeapi.Options{ServiceCIDRs: []string{ServiceCIDR}})
+		t.Error("a second node got the shared API server while the first used it")
+	}()
+	<-done
+	if !strings.Contains(second.msg, "in use by the node of "+t.Name()) {
+		t.Errorf("the second node's failure is %q, want one naming %s", second.msg, t.Name())
 	}
 }
