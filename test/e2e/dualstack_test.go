@@ -32,7 +32,7 @@ func TestDualStackNodeCache(t *testing.T) {
 
 func testDualStackNodeCache(t *testing.T, mode simnode.KubeProxyMode) {
 	privtest.RequirePrivileged(t, append(slices.Clone(simnode.DualStackTools), "nft", "getent", "dig", "iptables-save", "ip6tables-save")...)
-	n := simnode.NewDualStackWithKubeProxy(t, mode)
+	n := simnode.NewDualStackWithKubeProxy(t, &kubeAPI, mode)
 	e := &e2e{t: t, n: n, mode: mode}
 	e.clusterDNS = n.StartClusterDNS(nodeCache)
 	e.ext = n.StartExternalResolver(nodeCache)

@@ -31,7 +31,7 @@ var (
 // node over in both. quiet starts the cluster DNS without its query log.
 func newDualStackRig(t *testing.T, mode simnode.KubeProxyMode, quiet bool) *rig {
 	t.Helper()
-	return newDualStackRigOn(t, mode, quiet, func() *simnode.Node { return simnode.NewDualStackWithKubeProxy(t, mode) })
+	return newDualStackRigOn(t, mode, quiet, func() *simnode.Node { return simnode.NewDualStackWithKubeProxy(t, &kubeAPI, mode) })
 }
 
 // newEmulatedDualStackRig is newDualStackRig on a node whose kube-proxy rules simnode writes by hand

@@ -264,9 +264,12 @@ func DualStackKubeProxySetup() KubeProxySetup {
 // NewDualStackWithKubeProxy builds the dual-stack node of NewDualStack with a real kube-proxy in mode
 // writing both families' rules (NewWithKubeProxySetup with DualStackKubeProxySetup): the Services are
 // RequireDualStack, each with a ClusterIP of each family, and the cluster-DNS Pod has an endpoint in each.
-func NewDualStackWithKubeProxy(t testing.TB, mode KubeProxyMode) *Node {
+// api is the test binary's SharedAPI, or nil for an API server of the node's own.
+func NewDualStackWithKubeProxy(t testing.TB, api *SharedAPI, mode KubeProxyMode) *Node {
 	t.Helper()
-	return NewWithKubeProxySetup(t, mode, DualStackKubeProxySetup())
+	setup := DualStackKubeProxySetup()
+	setup.API = api
+	return NewWithKubeProxySetup(t, mode, setup)
 }
 
 // dualStack reports whether the setup gives the Services a ClusterIP of each family.

@@ -20,7 +20,7 @@ import (
 func TestDualStackWithoutCacheLookupsAreDNATed(t *testing.T) {
 	for _, mode := range []KubeProxyMode{IPTablesMode, NFTablesMode} {
 		t.Run(string(mode), func(t *testing.T) { testDualStackWithoutCache(t, NewDualStack(t, mode)) })
-		t.Run(string(mode)+"/kube-proxy", func(t *testing.T) { testDualStackWithoutCache(t, NewDualStackWithKubeProxy(t, mode)) })
+		t.Run(string(mode)+"/kube-proxy", func(t *testing.T) { testDualStackWithoutCache(t, NewDualStackWithKubeProxy(t, &kubeAPI, mode)) })
 	}
 }
 
