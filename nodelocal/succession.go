@@ -20,8 +20,9 @@ import (
 // Pauses and bounds of a Succession.
 const (
 	// successorPoll is how often an owner looks for a ready successor where it cannot watch the node lock's
-	// file, and how long after the file told of a change it looks once more.
-	successorPoll = 100 * time.Millisecond
+	// bell; successorRecheck how often it looks besides the bell, for a successor that died.
+	successorPoll    = 100 * time.Millisecond
+	successorRecheck = 5 * time.Second
 	// orphanPoll is how often a process that let go checks that its successor took the node, and how often
 	// a takeover checks whether the old process's sockets have left the groups.
 	orphanPoll = 500 * time.Millisecond
@@ -384,19 +385,19 @@ func (s *Succession) takeOver(ctx context.Context, rec *Reconciler, endpoints []
 	s.log.Infof("took the node over from %s", s.from)
 }
 
-// watchSuccessor looks for a ready successor when it starts and whenever the node lock's file tells of a
-// change in the line (nodelock.Closed: a successor rings when it queues, says it is ready and leaves, and a
-// successor's process that dies closes the file), and once more successorPoll after each (the kernel tells of
-// a file's close just before it drops the closing process's locks), and lets it take the node. Where the file
-// cannot be watched it looks every successorPoll. What it finds about the line is announced to this
-// process's users of the reuseport groups (ReuseportChanges).
+// watchSuccessor looks for a ready successor whenever one rings the node lock's bell (nodelock.Bell), and
+// every successorRecheck besides (a successor that died rings nothing), and lets it take the node. Where
+// the bell cannot be watched it looks every successorPoll. What it finds about the line is announced to
+// this process's users of the reuseport groups (ReuseportChanges).
 func (s *Succession) watchSuccessor(ctx context.Context, rec *Reconciler) {
-	bell, err := nodelock.Closed(ctx, s.cfg.LockPath)
+	every := successorRecheck
+	bell, err := nodelock.Bell(ctx, s.cfg.LockPath)
 	if err != nil {
 		s.log.Warningf("looking for a successor every %v: %v", successorPoll, err)
+		every = successorPoll
 	}
-	look := time.NewTimer(0) // at once: a successor may have queued before the watch began
-	defer look.Stop()
+	t := time.NewTicker(every)
+	defer t.Stop()
 	var failed string // the last error, logged once until it changes or a look succeeds
 	for {
 		select {
@@ -406,12 +407,9 @@ func (s *Succession) watchSuccessor(ctx context.Context, rec *Reconciler) {
 			if !ok && ctx.Err() == nil {
 				s.log.Warningf("the node lock's bell stopped; looking for a successor every %v", successorPoll)
 				bell = nil
+				t.Reset(successorPoll)
 			}
-			look.Reset(successorPoll)
-		case <-look.C:
-			if bell == nil {
-				look.Reset(successorPoll)
-			}
+		case <-t.C:
 		}
 		queued, ready, err := rec.SuccessorReady()
 		if errors.Is(err, ErrClosed) {
