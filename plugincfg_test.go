@@ -69,6 +69,8 @@ func TestPluginCfgQualifiesStockPackages(t *testing.T) {
 		"prometheus": "github.com/coredns/coredns/plugin/metrics",
 		"cache":      "github.com/coredns/coredns/plugin/cache",
 		"on":         "github.com/coredns/caddy/onevent",
+		// CoreDNS's directive, in its place, from our package (plugin/health).
+		"health": "github.com/nodelocaldns/nodelocaldns/plugin/health",
 	}
 	for _, p := range plugins {
 		if pkg, ok := want[p.Name]; ok && p.Package != pkg {

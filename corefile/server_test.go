@@ -13,7 +13,6 @@ import (
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/loop"
 	_ "github.com/coredns/coredns/plugin/metrics"
@@ -22,6 +21,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/health"
 )
 
 // The helpers here start real CoreDNS servers from rendered Corefiles. They listen on loopback only.

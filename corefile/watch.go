@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -18,7 +19,8 @@ import (
 
 var log = clog.NewWithPlugin("node-cache")
 
-// DefaultSyncPeriod is how often DropIn.Watch looks at its inputs, node-cache's ConfigMap sync period.
+// DefaultSyncPeriod is how often DropIn.Watch looks at its inputs where their directories cannot be watched,
+// node-cache's ConfigMap sync period.
 const DefaultSyncPeriod = 10 * time.Second
 
 // DropIn keeps the Corefile CoreDNS runs in step with a base Corefile (the node-local-dns ConfigMap) and
@@ -189,33 +191,83 @@ func (d *DropIn) fail(err error) error {
 	return err
 }
 
-// Watch looks at the inputs every period until ctx ends, and applies them as Sync does once they have
-// settled: a change is acted on only when a second read, a moment later (the period, at most a second), finds
-// the same. Kubernetes swaps a ConfigMap volume's files in one rename, but a file rewritten in place (a
-// hostPath, an editor, a test) can be read half-written, and acting on that would reload CoreDNS on, or count
-// as an error, a Corefile nobody wrote. Failures are logged and counted by apply.
+// Watch applies the inputs as Sync does, until ctx ends, whenever they may have changed: when the directory
+// of the base Corefile or the kube-dns ConfigMap's directory tells of a change (inotify), and every period
+// where they cannot be watched (a directory that does not exist; the watch is tried again at each look), so
+// that an idle node is not woken to read files nobody changed. A change is acted on only when a second read,
+// a moment later (the period, at most a second), finds the same: Kubernetes swaps a ConfigMap volume's files
+// in one rename, but a file rewritten in place (a hostPath, an editor, a test) can be read half-written, and
+// acting on that would reload CoreDNS on, or count as an error, a Corefile nobody wrote. While the two reads
+// differ it looks again a moment later. Failures are logged and counted by apply.
 func (d *DropIn) Watch(ctx context.Context, period time.Duration) {
 	settle := min(period, time.Second)
-	t := time.NewTicker(period)
+	changes, watchErr := d.watchInputs(ctx)
+	if watchErr != nil {
+		log.Infof("looking at %s every %v: %v", d.inputNames(), period, watchErr)
+	}
+	t := time.NewTimer(0) // a first look at once: a change may have come before the watch
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case _, ok := <-changes:
+			if !ok {
+				if ctx.Err() != nil {
+					return
+				}
+				changes = nil
+			}
 		case <-t.C:
 		}
-		in := d.read()
-		if d.applied(in) {
-			continue
+		if changes == nil {
+			changes, _ = d.watchInputs(ctx) // until it can, it looks every period, as logged at the start
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(settle):
+		wait := time.Duration(0) // none: the next change tells
+		if d.look(ctx, settle) {
+			wait = settle // still changing, and no event may come once the writer is done
+		} else if changes == nil {
+			wait = period
 		}
-		if again := d.read(); again.hash == in.hash {
-			_ = d.apply(again)
+		if wait > 0 {
+			t.Reset(wait)
 		}
-		// Otherwise still changing: look again at the next tick.
 	}
+}
+
+// look reads the inputs and, when they differ from what was applied and a second read settle later finds
+// the same, applies them. It reports whether they were still changing.
+func (d *DropIn) look(ctx context.Context, settle time.Duration) (changing bool) {
+	in := d.read()
+	if d.applied(in) {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(settle):
+	}
+	again := d.read()
+	if again.hash != in.hash {
+		return true
+	}
+	_ = d.apply(again)
+	return false
+}
+
+// watchInputs watches the directories the inputs are in.
+func (d *DropIn) watchInputs(ctx context.Context) (<-chan struct{}, error) {
+	dirs := []string{filepath.Dir(d.Base)}
+	if d.KubeDNSDir != "" {
+		dirs = append(dirs, d.KubeDNSDir)
+	}
+	return watchDirs(ctx, dirs)
+}
+
+// inputNames names the inputs, for the log.
+func (d *DropIn) inputNames() string {
+	if d.KubeDNSDir == "" {
+		return d.Base
+	}
+	return d.Base + " and " + d.KubeDNSDir
 }

@@ -223,12 +223,34 @@ func (fx *dropInFixture) configMapVolumes(t *testing.T) (setBase func(string), s
 }
 
 // watch runs the fixture's Watch until the test ends.
-func (fx *dropInFixture) watch(t *testing.T) {
+func (fx *dropInFixture) watch(t *testing.T) { fx.watchEvery(t, 10*time.Millisecond) }
+
+// watchEvery runs the fixture's Watch with period until the test ends.
+func (fx *dropInFixture) watchEvery(t *testing.T, period time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { fx.d.Watch(ctx, 10*time.Millisecond); close(done) }()
+	go func() { fx.d.Watch(ctx, period); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
+}
+
+// TestDropInWatchHearsChanges: the watch acts on a change when the directory tells of it, not at the next
+// period (an hour here, which the test would not wait for).
+func TestDropInWatchHearsChanges(t *testing.T) {
+	fx := newDropInFixture(t)
+	setBase, setKubeDNS := fx.configMapVolumes(t)
+	if err := fx.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fx.watchEvery(t, time.Hour)
+	setKubeDNS(UpstreamNameserversKey, `["8.8.8.8"]`)
+	waitFor(t, func() bool { return fx.reloads.Load() == 1 })
+	base, _ := os.ReadFile(fx.d.Base)
+	setBase(string(bytes.ReplaceAll(base, []byte("cache 30"), []byte("cache 15"))))
+	waitFor(t, func() bool { return fx.reloads.Load() == 2 })
+	if out := fx.output(t); !strings.Contains(out, "forward . 8.8.8.8\n") || !strings.Contains(out, "cache 15") {
+		t.Errorf("changes not applied:\n%s", out)
+	}
 }
 
 func TestDropInWatch(t *testing.T) {
@@ -325,4 +347,25 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met within 30s")
+}
+
+// TestDropInWatchPollsWhatItCannotWatch: with no kube-dns ConfigMap directory to watch, the watch looks every
+// period, and finds the ConfigMap once it is there.
+func TestDropInWatchPollsWhatItCannotWatch(t *testing.T) {
+	fx := newDropInFixture(t)
+	if err := os.Remove(fx.kdDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.d.Sync(); fx.d.Written() == nil { // it starts without the ConfigMap, and says so
+		t.Fatal(err)
+	}
+	fx.watch(t)
+	if err := os.Mkdir(fx.kdDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(fx.kdDir, UpstreamNameserversKey), `["8.8.8.8"]`)
+	waitFor(t, func() bool { return fx.reloads.Load() == 1 })
+	if !strings.Contains(fx.output(t), "forward . 8.8.8.8\n") {
+		t.Errorf("upstream not applied:\n%s", fx.output(t))
+	}
 }

@@ -26,6 +26,7 @@ const DefaultGuardLockPath = "/run/nodelocaldns-guard.lock"
 // Defaults of GuardConfig.
 const (
 	DefaultGuardInterval     = 250 * time.Millisecond
+	DefaultGuardIdleInterval = 5 * time.Second
 	DefaultGuardProbeTimeout = 500 * time.Millisecond
 	DefaultGuardFailAfter    = 3
 	DefaultGuardRecoverAfter = 3
@@ -46,6 +47,10 @@ type GuardConfig struct {
 	LockWait    time.Duration
 	// LockPath is the guard's own lock file, so that a node runs one guard; DefaultGuardLockPath when empty.
 	LockPath string
+	// CacheLockPath is the cache's node lock (Config.LockPath; DefaultLockPath when empty). The guard watches
+	// it and probes at once when a process that had it open closes it: the cache's process, however it
+	// died, closes it the moment it is gone.
+	CacheLockPath string
 
 	// Addresses are the cache's local addresses, each probed on DNSPort (DefaultDNSPort when zero).
 	Addresses []netip.Addr
@@ -62,8 +67,13 @@ type GuardConfig struct {
 	// neither way, is not diverted (logged).
 	Upstream []netip.Addr
 
-	// Interval is the time between probe rounds; ProbeTimeout bounds each probe.
+	// Interval is the time between probe rounds while anything is in doubt: a round failed, the node has
+	// failed open, the cache's lock file was closed (or cannot be watched) and fewer than RecoverAfter
+	// rounds were answered since, or the guard has just started. IdleInterval is the time between rounds
+	// otherwise, while the cache answers and its lock tells of nothing: a cache that dies is found through
+	// its lock, and these rounds are for one that hangs while alive. ProbeTimeout bounds each probe.
 	Interval     time.Duration
+	IdleInterval time.Duration
 	ProbeTimeout time.Duration
 	// FailAfter is how many failed rounds in a row make the guard fail open (a round fails when any
 	// address does not answer); RecoverAfter how many answered rounds in a row, once the cache has taken
@@ -105,8 +115,14 @@ func (c GuardConfig) withDefaults() GuardConfig {
 	if c.DNSPort == 0 {
 		c.DNSPort = DefaultDNSPort
 	}
+	if c.CacheLockPath == "" {
+		c.CacheLockPath = DefaultLockPath
+	}
 	if c.Interval == 0 {
 		c.Interval = DefaultGuardInterval
+	}
+	if c.IdleInterval == 0 {
+		c.IdleInterval = DefaultGuardIdleInterval
 	}
 	if c.ProbeTimeout == 0 {
 		c.ProbeTimeout = DefaultGuardProbeTimeout
@@ -141,7 +157,7 @@ func (c GuardConfig) diverts() (ds []rules.Divert, undiverted []netip.Addr, err 
 	if _, err := rules.ParseMode(c.Backend); err != nil {
 		return nil, nil, err
 	}
-	if c.Interval < 0 || c.ProbeTimeout < 0 || c.Recheck < 0 || c.FailAfter < 0 || c.RecoverAfter < 0 || c.LockWait < 0 || c.BackendWait < 0 {
+	if c.Interval < 0 || c.IdleInterval < 0 || c.ProbeTimeout < 0 || c.Recheck < 0 || c.FailAfter < 0 || c.RecoverAfter < 0 || c.LockWait < 0 || c.BackendWait < 0 {
 		return nil, nil, errors.New("negative interval, timeout or count")
 	}
 	for _, s := range c.ServiceAddresses {
@@ -191,7 +207,10 @@ func (s GuardState) String() string {
 }
 
 // Guard keeps a node's DNS working when its cache dies. It runs in a process of its own beside the cache
-// and probes the cache with DNS queries on each of its addresses. After FailAfter failed rounds in a row,
+// and probes the cache with DNS queries on each of its addresses: every IdleInterval while all is well, and
+// every Interval from the moment the cache's lock file is closed (its process died, or let go) until the
+// cache has answered again, so that an idle node is not woken four times a second to learn nothing. After
+// FailAfter failed rounds in a row,
 // and only when the cache's jumps are in place (the cache puts them in once it answers, so a cache that is
 // still starting, or that stopped cleanly, is left alone), it fails open:
 //
@@ -307,20 +326,63 @@ func (g *Guard) Run(ctx context.Context) error {
 		g.state.Store(int32(GuardFailedOpen))
 		g.log.Warningf("nodelocal guard: the node has failed open already; waiting for the cache to take it back")
 	}
-	g.log.Infof("nodelocal guard: watching %v on port %d every %v (fail open after %d failed rounds)",
-		g.cfg.Addresses, g.cfg.DNSPort, g.cfg.Interval, g.cfg.FailAfter)
-	t := time.NewTicker(g.cfg.Interval)
+	g.log.Infof("nodelocal guard: watching %v on port %d every %v, every %v while the cache answers and its lock %s tells of nothing "+
+		"(fail open after %d failed rounds)", g.cfg.Addresses, g.cfg.DNSPort, g.cfg.Interval, g.cfg.IdleInterval, g.cfg.CacheLockPath, g.cfg.FailAfter)
+	lock := g.watchCacheLock(ctx, w)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		g.mu.Lock()
-		g.tickLocked(ctx, w, time.Now())
-		g.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case _, ok := <-lock:
+			if !ok && ctx.Err() != nil {
+				return nil
+			}
+			if !ok {
+				g.log.Warningf("nodelocal guard: the watch of the cache's lock %s ended; probing every %v until it can be watched again",
+					g.cfg.CacheLockPath, g.cfg.Interval)
+				lock = nil
+			}
+			// The cache's process may have died: look now, and closely until it has answered again.
+			w.successes = 0
 		}
+		if lock == nil {
+			lock = g.watchCacheLock(ctx, w)
+		}
+		g.mu.Lock()
+		g.tickLocked(ctx, w, time.Now())
+		g.mu.Unlock()
+		t.Reset(g.roundWait(w, lock != nil)) // go 1.23 timers: a Reset drops a value not yet received
 	}
+}
+
+// watchCacheLock watches the cache's lock file (nodelock.Closed). Where it cannot, it returns nil and logs
+// why once, until a watch succeeds again: the guard then probes every Interval.
+func (g *Guard) watchCacheLock(ctx context.Context, w *guardWatch) <-chan struct{} {
+	lock, err := nodelock.Closed(ctx, g.cfg.CacheLockPath)
+	if err != nil {
+		if !w.unwatchedLogged {
+			g.log.Warningf("nodelocal guard: probing every %v: %v", g.cfg.Interval, err)
+			w.unwatchedLogged = true
+		}
+		return nil
+	}
+	if w.unwatchedLogged {
+		g.log.Infof("nodelocal guard: watching the cache's lock %s again", g.cfg.CacheLockPath)
+		w.unwatchedLogged = false
+	}
+	return lock
+}
+
+// roundWait is the time to the next probe round: IdleInterval while the node is the cache's, the last
+// RecoverAfter rounds were answered and the cache's lock is watched, Interval otherwise (see GuardConfig).
+func (g *Guard) roundWait(w *guardWatch, watched bool) time.Duration {
+	if watched && g.State() == GuardWatching && w.fails == 0 && w.successes >= g.cfg.RecoverAfter {
+		return g.cfg.IdleInterval
+	}
+	return g.cfg.Interval
 }
 
 // guardWatch is Run's memory between rounds.
@@ -332,7 +394,9 @@ type guardWatch struct {
 	nextCheck time.Time
 	// idleLogged is set once a failure without the cache's jumps was logged.
 	idleLogged bool
-	lastErr    string
+	// unwatchedLogged is set once it was logged that the cache's lock cannot be watched.
+	unwatchedLogged bool
+	lastErr         string
 }
 
 func (g *Guard) tickLocked(ctx context.Context, w *guardWatch, now time.Time) {

@@ -46,8 +46,10 @@ func (f *fakeCache) probe(context.Context, netip.AddrPort) error {
 func (e *env) guard(f *fakeCache, mutate ...func(*GuardConfig)) *Guard {
 	e.t.Helper()
 	cfg := GuardConfig{
-		Backend:          string(e.mode),
-		LockPath:         filepath.Join(e.t.TempDir(), "guard.lock"),
+		Backend:  string(e.mode),
+		LockPath: filepath.Join(e.t.TempDir(), "guard.lock"),
+		// No cache's lock to watch: the guard probes every Interval, as the tests that do not hold one want.
+		CacheLockPath:    filepath.Join(e.t.TempDir(), "absent", "nodelocaldns.lock"),
 		Addresses:        []netip.Addr{addrA, guardClusterIP},
 		ServiceAddresses: []netip.Addr{guardClusterIP},
 		Upstream:         []netip.Addr{guardUpstreamIP},
@@ -121,6 +123,35 @@ func (e *env) guardChain() ([]rules.Rule, bool) {
 		e.t.Fatal(err)
 	}
 	return st.Chains[rules.GuardChain], st.ChainExists(rules.GuardChain)
+}
+
+// TestGuardIdlesUntilTheCacheLockCloses: once the cache has answered RecoverAfter rounds, the guard probes
+// only every IdleInterval (an hour here, so never within the test); the cache's process dying closes its
+// lock file, which sets the guard probing every Interval at once, and it fails open.
+func TestGuardIdlesUntilTheCacheLockCloses(t *testing.T) {
+	inNamespaceNFT(t, func(t *testing.T, e *env) {
+		r := e.reconciler()
+		e.acquire(r, Claim{Addresses: []netip.Addr{addrA, guardClusterIP}})
+		f := &fakeCache{}
+		f.alive.Store(true)
+		g := e.guard(f, func(c *GuardConfig) { c.CacheLockPath, c.IdleInterval = e.lock, time.Hour })
+		e.runGuard(g)
+		const answered = 2 * 2 // RecoverAfter rounds of e.guard's two addresses
+		waitFor(t, "the first rounds", eventually, func() bool { return f.probes.Load() >= answered })
+		time.Sleep(10 * 40 * time.Millisecond) // ten rounds at Interval, were the guard not idle
+		if n := f.probes.Load(); n != answered {
+			t.Fatalf("%d probes against a cache that answers, want the %d of the first rounds only", n, answered)
+		}
+
+		f.alive.Store(false)
+		if err := r.Close(); err != nil { // the cache dies: its lock file is closed, its rules stay
+			t.Fatal(err)
+		}
+		waitFor(t, "guard fails open", eventually, func() bool { return g.State() == GuardFailedOpen })
+		if e.cacheJumps() {
+			t.Error("the cache's jumps are still in place")
+		}
+	})
 }
 
 func TestGuardFailsOpenAndTheCacheReclaims(t *testing.T) {

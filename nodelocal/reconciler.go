@@ -35,6 +35,9 @@ type Reconciler struct {
 	fallbackLogged bool
 	foreignLogged  string
 	guardLogged    bool
+	// unchanged is what the last repair that found the rules in place, with nothing changing meanwhile,
+	// left behind; see syncLocked.
+	unchanged rulesUnchanged
 
 	statusMu sync.Mutex
 	status   Status

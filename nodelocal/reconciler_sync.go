@@ -54,6 +54,14 @@ const (
 // come back, then the jumps, the order Guard.keepOutLocked relies on. Without it, while the guard's divert
 // is there, it keeps the jumps out and does not put back addresses the link lost (the guard took the
 // kube-dns ClusterIP out so that kube-proxy serves it).
+//
+// A repair (Ensure) on an nftables-based backend (iptables-nft, nftables) first reads the ruleset's
+// generation (rules.NFTGeneration), which the kernel counts up at every change by anyone: when it is where
+// the last repair that found everything in place left it, for the same endpoints, nothing changed since,
+// and the rules are not read again (for iptables-nft that is a handful of iptables-save runs a minute, most
+// of what an idle cache does). The link is checked every time. A repair records the generation only when it
+// wrote nothing and nothing changed while it read (the same generation before and after), so that a change
+// made while it looked is never taken for the state it found.
 func (r *Reconciler) syncLocked(ctx context.Context, scope syncScope) error {
 	if len(r.leases) == 0 {
 		return nil
@@ -64,7 +72,23 @@ func (r *Reconciler) syncLocked(ctx context.Context, scope syncScope) error {
 	// Taking the node back puts back the addresses the guard removed, whoever calls (EnableRules too).
 	doLink := scope&syncLink != 0 || reclaim
 	doRules := scope&syncRules != 0 && !r.cfg.NoRules
+	repair := scope == syncLink|syncRules && doRules
+	checked := r.unchanged
+	r.unchanged = rulesUnchanged{}
+	gen, genRead := uint32(0), false
+	if repair && nftBased(r.fw.current()) {
+		if g, err := rules.NFTGeneration(); err == nil {
+			gen, genRead = g, true
+		}
+	}
+	sig := fmt.Sprint(w.endpoints)
 	failedOpen := false
+	if genRead && checked.valid && checked.gen == gen && checked.endpoints == sig {
+		r.unchanged = checked
+		failedOpen = checked.failedOpen
+		doRules = false
+	}
+	rulesRead := doRules
 	if doRules && len(w.endpoints) > 0 {
 		var err error
 		if failedOpen, err = r.guardLocked(ctx, w.endpoints, reclaim); err != nil {
@@ -87,8 +111,28 @@ func (r *Reconciler) syncLocked(ctx context.Context, scope syncScope) error {
 		}
 	}
 	err := errors.Join(errs...)
+	if genRead && rulesRead && err == nil {
+		if after, gerr := rules.NFTGeneration(); gerr == nil && after == gen {
+			r.unchanged = rulesUnchanged{valid: true, gen: gen, endpoints: sig, failedOpen: failedOpen}
+		}
+	}
 	r.noteAttempt(err)
 	return err
+}
+
+// rulesUnchanged is what a repair that found the rules in place recorded: the nftables generation it saw,
+// for which endpoints, and whether the node had failed open.
+type rulesUnchanged struct {
+	valid      bool
+	gen        uint32
+	endpoints  string
+	failedOpen bool
+}
+
+// nftBased reports whether fw keeps its rules in nftables, where every change counts up the ruleset's
+// generation: iptables-nft and the nftables backend, not iptables-legacy, nor a backend not yet chosen.
+func nftBased(fw firewall) bool {
+	return fw != nil && (fw.Mode() == rules.NFT || fw.Mode() == rules.NFTables)
 }
 
 // heldLocked returns those of addrs the link holds now; all of them when the link cannot be read (the link

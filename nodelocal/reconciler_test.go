@@ -107,6 +107,42 @@ func TestRepairs(t *testing.T) {
 	})
 }
 
+// TestRepairSkipsUnchangedRules: on iptables-nft a repair that finds the ruleset's generation where the last
+// one left it does not read the rules again, and a change by anyone moves the generation, so the next repair
+// reads and repairs. iptables-legacy has no generation: every repair reads.
+func TestRepairSkipsUnchangedRules(t *testing.T) {
+	inNamespace(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		r := e.reconciler()
+		e.acquire(r, dualStack)
+		eps := rules.Endpoints(dualStack.Addresses, 53, dualStack.ExtraTCPPorts)
+		for range 2 { // the second finds everything in place, writes nothing, and records the generation
+			if err := r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n := r.Status().RuleSyncs
+		if err := r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := n + 1
+		if e.mode == rules.NFT {
+			want = n
+		}
+		if got := r.Status().RuleSyncs; got != want {
+			t.Errorf("%s: an idle repair made %d rules syncs, want %d", e.mode, got-n, want-n)
+		}
+		e.iptables(rules.IPv4, "-t", "raw", "-D", "PREROUTING", "1")
+		if err := r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.expectRules(eps)
+		if r.Status().RuleSyncs == want {
+			t.Error("the repair after a deleted jump did not read the rules")
+		}
+	})
+}
+
 func TestTeardownTwice(t *testing.T) {
 	inNamespace(t, func(t *testing.T, e *env) {
 		for _, fam := range rules.Families {

@@ -20,9 +20,8 @@ import (
 // Pauses and bounds of a Succession.
 const (
 	// successorPoll is how often an owner looks for a ready successor where it cannot watch the node lock's
-	// bell; successorRecheck how often it looks besides the bell, for a successor that died.
-	successorPoll    = 100 * time.Millisecond
-	successorRecheck = 5 * time.Second
+	// file, and how long after the file told of a change it looks once more.
+	successorPoll = 100 * time.Millisecond
 	// orphanPoll is how often a process that let go checks that its successor took the node, and how often
 	// a takeover checks whether the old process's sockets have left the groups.
 	orphanPoll = 500 * time.Millisecond
@@ -385,19 +384,19 @@ func (s *Succession) takeOver(ctx context.Context, rec *Reconciler, endpoints []
 	s.log.Infof("took the node over from %s", s.from)
 }
 
-// watchSuccessor looks for a ready successor whenever one rings the node lock's bell (nodelock.Bell), and
-// every successorRecheck besides (a successor that died rings nothing), and lets it take the node. Where
-// the bell cannot be watched it looks every successorPoll. What it finds about the line is announced to
-// this process's users of the reuseport groups (ReuseportChanges).
+// watchSuccessor looks for a ready successor when it starts and whenever the node lock's file tells of a
+// change in the line (nodelock.Closed: a successor rings when it queues, says it is ready and leaves, and a
+// successor's process that dies closes the file), and once more successorPoll after each (the kernel tells of
+// a file's close just before it drops the closing process's locks), and lets it take the node. Where the file
+// cannot be watched it looks every successorPoll. What it finds about the line is announced to this
+// process's users of the reuseport groups (ReuseportChanges).
 func (s *Succession) watchSuccessor(ctx context.Context, rec *Reconciler) {
-	every := successorRecheck
-	bell, err := nodelock.Bell(ctx, s.cfg.LockPath)
+	bell, err := nodelock.Closed(ctx, s.cfg.LockPath)
 	if err != nil {
 		s.log.Warningf("looking for a successor every %v: %v", successorPoll, err)
-		every = successorPoll
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
+	look := time.NewTimer(0) // at once: a successor may have queued before the watch began
+	defer look.Stop()
 	var failed string // the last error, logged once until it changes or a look succeeds
 	for {
 		select {
@@ -407,9 +406,12 @@ func (s *Succession) watchSuccessor(ctx context.Context, rec *Reconciler) {
 			if !ok && ctx.Err() == nil {
 				s.log.Warningf("the node lock's bell stopped; looking for a successor every %v", successorPoll)
 				bell = nil
-				t.Reset(successorPoll)
 			}
-		case <-t.C:
+			look.Reset(successorPoll)
+		case <-look.C:
+			if bell == nil {
+				look.Reset(successorPoll)
+			}
 		}
 		queued, ready, err := rec.SuccessorReady()
 		if errors.Is(err, ErrClosed) {

@@ -30,6 +30,7 @@ type guardFlags struct {
 	backend      string
 	lockPath     string
 	interval     time.Duration
+	idle         time.Duration
 	timeout      time.Duration
 	failAfter    int
 	recoverAfter int
@@ -43,7 +44,8 @@ func registerGuardFlags(fs *flag.FlagSet) *guardFlags {
 	fs.StringVar(&g.upstreamIPs, "guard.upstreamips", "", "ClusterIPs (one per family) of the -upstreamsvc Service, where the other local IPs are diverted when failing open; default its $<SERVICE>_SERVICE_HOST and, from the API, its ClusterIP of a family that names none")
 	registerBackendFlag(fs, &g.backend)
 	fs.StringVar(&g.lockPath, "guard.lockpath", nodelocal.DefaultGuardLockPath, "the guard's lock file (one guard per node)")
-	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds")
+	fs.DurationVar(&g.interval, "guard.interval", nodelocal.DefaultGuardInterval, "time between probe rounds while the cache may be failing: from when its lock file (-lockfile) is closed, or a round fails, until it answers again")
+	fs.DurationVar(&g.idle, "guard.idleinterval", nodelocal.DefaultGuardIdleInterval, "time between probe rounds while the cache answers and its lock file tells of nothing: the rounds that find a cache that hangs while alive")
 	fs.DurationVar(&g.timeout, "guard.timeout", nodelocal.DefaultGuardProbeTimeout, "timeout of each probe")
 	fs.IntVar(&g.failAfter, "guard.failafter", nodelocal.DefaultGuardFailAfter, "failed rounds in a row before failing open")
 	fs.IntVar(&g.recoverAfter, "guard.recoverafter", nodelocal.DefaultGuardRecoverAfter, "answered rounds in a row, after the cache took the node back, before watching again")
@@ -83,18 +85,20 @@ func (m *guardMode) run() int {
 // Kubernetes gives every container.
 func (g *guardFlags) guardConfig(fs *flag.FlagSet, nc *nodeCacheFlags, getenv func(string) string) (nodelocal.GuardConfig, error) {
 	cfg := nodelocal.GuardConfig{
-		Interface:    nc.interfaceName,
-		Backend:      g.backend,
-		LockPath:     g.lockPath,
-		Interval:     g.interval,
-		ProbeTimeout: g.timeout,
-		FailAfter:    g.failAfter,
-		RecoverAfter: g.recoverAfter,
-		ProbeName:    g.probeName,
+		Interface:     nc.interfaceName,
+		Backend:       g.backend,
+		LockPath:      g.lockPath,
+		CacheLockPath: nc.lockFile,
+		Interval:      g.interval,
+		IdleInterval:  g.idle,
+		ProbeTimeout:  g.timeout,
+		FailAfter:     g.failAfter,
+		RecoverAfter:  g.recoverAfter,
+		ProbeName:     g.probeName,
 	}
 	var errs []error
-	if g.interval <= 0 || g.timeout <= 0 || g.failAfter <= 0 || g.recoverAfter <= 0 {
-		errs = append(errs, errors.New("-guard.interval, -guard.timeout, -guard.failafter and -guard.recoverafter must be positive"))
+	if g.interval <= 0 || g.idle <= 0 || g.timeout <= 0 || g.failAfter <= 0 || g.recoverAfter <= 0 {
+		errs = append(errs, errors.New("-guard.interval, -guard.idleinterval, -guard.timeout, -guard.failafter and -guard.recoverafter must be positive"))
 	}
 	var err error
 	if nc.localIP == "" {

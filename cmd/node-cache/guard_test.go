@@ -29,20 +29,22 @@ func parseGuard(t *testing.T, env map[string]string, args ...string) (nodelocal.
 func TestGuardFlags(t *testing.T) {
 	env := map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10", "KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11"}
 	cfg, err := parseGuard(t, env, "-guard", "-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream",
-		"-interfacename", "nlcache", "-dns.port", "5353", "-guard.interval", "100ms", "-guard.failafter", "4")
+		"-interfacename", "nlcache", "-dns.port", "5353", "-guard.interval", "100ms", "-guard.idleinterval", "7s", "-guard.failafter", "4",
+		"-lockfile", "/run/test/nodelocaldns.lock")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := nodelocal.GuardConfig{
-		Interface: "nlcache", Backend: "auto", LockPath: nodelocal.DefaultGuardLockPath,
+		Interface: "nlcache", Backend: "auto", LockPath: nodelocal.DefaultGuardLockPath, CacheLockPath: "/run/test/nodelocaldns.lock",
 		Addresses:        []netip.Addr{netip.MustParseAddr("169.254.20.10"), netip.MustParseAddr("10.96.0.10")},
 		DNSPort:          5353,
 		ServiceAddresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Upstream:         []netip.Addr{netip.MustParseAddr("10.96.0.11")},
-		Interval:         100 * time.Millisecond, ProbeTimeout: nodelocal.DefaultGuardProbeTimeout,
+		Interval:         100 * time.Millisecond, IdleInterval: 7 * time.Second, ProbeTimeout: nodelocal.DefaultGuardProbeTimeout,
 		FailAfter: 4, RecoverAfter: nodelocal.DefaultGuardRecoverAfter, ProbeName: "",
 	}
-	if cfg.Interface != want.Interface || cfg.Backend != want.Backend || cfg.LockPath != want.LockPath ||
+	if cfg.Interface != want.Interface || cfg.Backend != want.Backend || cfg.LockPath != want.LockPath || cfg.CacheLockPath != want.CacheLockPath ||
+		cfg.IdleInterval != want.IdleInterval ||
 		!slices.Equal(cfg.Addresses, want.Addresses) || cfg.DNSPort != want.DNSPort ||
 		!slices.Equal(cfg.ServiceAddresses, want.ServiceAddresses) || !slices.Equal(cfg.Upstream, want.Upstream) ||
 		cfg.Interval != want.Interval || cfg.ProbeTimeout != want.ProbeTimeout || cfg.FailAfter != want.FailAfter ||
@@ -69,6 +71,7 @@ func TestGuardFlagErrors(t *testing.T) {
 		{[]string{"-guard"}, "-guard needs -localip"},
 		{[]string{"-guard", "-localip", "169.254.20.10", "-guard.serviceips", "nope"}, "-guard.serviceips"},
 		{[]string{"-guard", "-localip", "169.254.20.10", "-guard.interval", "0s"}, "must be positive"},
+		{[]string{"-guard", "-localip", "169.254.20.10", "-guard.idleinterval", "0s"}, "must be positive"},
 		{[]string{"-guard", "-localip", "169.254.20.10", "-upstreamsvc", "kube-dns-upstream"}, ""},
 	} {
 		_, err := parseGuard(t, map[string]string{"KUBE_DNS_UPSTREAM_SERVICE_HOST": "x"}, tc.args...)

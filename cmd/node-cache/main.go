@@ -22,7 +22,8 @@ import (
 
 	// Every plugin upstream's k8s-dns-node-cache image compiles in (upstreamNodeCachePlugins in main_test.go),
 	// so that its ConfigMaps work unchanged, plus file and ready; nodeCachePlugins in main_test.go lists them
-	// again on purpose.
+	// again on purpose. health is ours (plugin/health): CoreDNS's, with a self-check that lets an idle node
+	// sleep.
 	_ "github.com/coredns/coredns/plugin/bind"
 	_ "github.com/coredns/coredns/plugin/bufsize"
 	_ "github.com/coredns/coredns/plugin/cache"
@@ -31,7 +32,6 @@ import (
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/file"
 	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/hosts"
 	_ "github.com/coredns/coredns/plugin/loadbalance"
 	_ "github.com/coredns/coredns/plugin/log"
@@ -47,6 +47,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/whoami"
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/health"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/wirecache"

@@ -92,7 +92,7 @@ func TestModeFlagSets(t *testing.T) {
 	// -kubeconfig (the uninstall watch of the cache and the guard), -servestalepolicy (prefer_positive) and
 	// -servestale (serve stale off).
 	before := []string{"basecorefile", "cleanup", "cleanup.timeout", "conf", "corefile", "daemonset", "dns.port", "guard",
-		"guard.backend", "guard.failafter", "guard.interval", "guard.lockpath", "guard.probename", "guard.recoverafter",
+		"guard.backend", "guard.failafter", "guard.idleinterval", "guard.interval", "guard.lockpath", "guard.probename", "guard.recoverafter",
 		"guard.serviceips", "guard.timeout", "guard.upstreamips", "guard.wait", "handover", "health-port", "interfacename",
 		"kubeconfig", "kubednscm", "localip", "lockfile", "log-format", "metrics-listen-address", "p", "pidfile", "plugins",
 		"preflight", "preflight.kubeletconfig", "preflight.resolvconf", "preflight.xtableslock",
@@ -103,7 +103,7 @@ func TestModeFlagSets(t *testing.T) {
 		t.Errorf("flags of all modes:\n got %s\nwant %s", strings.Join(all, " "), strings.Join(before, " "))
 	}
 	for mode, want := range map[string][]string{
-		"guard": {"guard.backend", "guard.failafter", "guard.interval", "guard.lockpath", "guard.probename",
+		"guard": {"guard.backend", "guard.failafter", "guard.idleinterval", "guard.interval", "guard.lockpath", "guard.probename",
 			"guard.recoverafter", "guard.serviceips", "guard.timeout", "guard.upstreamips", "guard.wait"},
 		"preflight": {"guard.backend", "preflight.kubeletconfig", "preflight.resolvconf", "preflight.xtableslock"},
 		"verify":    {"guard.backend", "verify.domain", "verify.external", "verify.name", "verify.readyport", "verify.timeout"},

@@ -24,7 +24,6 @@ import (
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/file"
 	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/metrics"
 	_ "github.com/coredns/coredns/plugin/ready"
@@ -37,6 +36,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/reload"
 
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/health"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/notrack"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/wirecache"

@@ -19,7 +19,6 @@ import (
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/hosts"
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/loop"
@@ -33,6 +32,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/helmtest"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/clamp"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/health"
 	_ "github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
 )
 

@@ -28,13 +28,13 @@ import (
 
 	// The plugins the Corefiles of these tests use.
 	_ "github.com/coredns/coredns/plugin/bind"
-	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/ready"
 	_ "github.com/coredns/coredns/plugin/whoami"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+	_ "github.com/nodelocaldns/nodelocaldns/plugin/health"
 )
 
 func TestMain(m *testing.M) {

@@ -32,9 +32,9 @@ type chainConn struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 	deadline  atomic.Int64 // read deadline, Unix nanoseconds; 0 for none
-	// earlier wakes a ReadFrom waiting for a deadline that was moved earlier (miekg/dns's Shutdown moves
-	// it into the past to stop its reader).
-	earlier chan struct{}
+	// passed wakes a ReadFrom when the deadline is set to a time that has passed (miekg/dns's Shutdown
+	// moves it into the past to stop its reader).
+	passed chan struct{}
 }
 
 // passQuery queues q for CoreDNS's server.
@@ -63,7 +63,11 @@ func sockaddrUDP(name *unix.RawSockaddrInet6, namelen uint32) *net.UDPAddr {
 	return nil
 }
 
-// ReadFrom implements net.PacketConn: the next query passed on, cut to p as a socket would cut it.
+// ReadFrom implements net.PacketConn: the next query passed on, cut to p as a socket would cut it. It fails
+// with os.ErrDeadlineExceeded once the read deadline has passed, but sets no timer for one ahead: miekg/dns's
+// server sets a deadline 2 s ahead before every read only to look again whether it was shut down, which its
+// Shutdown tells by moving the deadline into the past, and a timer for each would wake an idle cache every
+// 2 s to learn nothing.
 func (c *chainConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	for {
 		select {
@@ -71,34 +75,16 @@ func (c *chainConn) ReadFrom(p []byte) (int, net.Addr, error) {
 			return copy(p, q.b), q.from, nil
 		default:
 		}
-		var expired <-chan time.Time
-		var timer *time.Timer
-		if d := c.deadline.Load(); d != 0 {
-			wait := time.Until(time.Unix(0, d))
-			if wait <= 0 {
-				return 0, nil, os.ErrDeadlineExceeded
-			}
-			timer = time.NewTimer(wait)
-			expired = timer.C
+		if d := c.deadline.Load(); d != 0 && time.Now().UnixNano() >= d {
+			return 0, nil, os.ErrDeadlineExceeded
 		}
 		select {
 		case q := <-c.queue:
-			stopTimer(timer)
 			return copy(p, q.b), q.from, nil
-		case <-expired:
-			return 0, nil, os.ErrDeadlineExceeded
 		case <-c.closed:
-			stopTimer(timer)
 			return 0, nil, net.ErrClosed
-		case <-c.earlier:
-			stopTimer(timer)
+		case <-c.passed:
 		}
-	}
-}
-
-func stopTimer(t *time.Timer) {
-	if t != nil {
-		t.Stop()
 	}
 }
 
@@ -117,15 +103,16 @@ func (c *chainConn) LocalAddr() net.Addr { return c.fp.conn.LocalAddr() }
 // SetDeadline implements net.PacketConn.
 func (c *chainConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
 
-// SetReadDeadline implements net.PacketConn.
+// SetReadDeadline implements net.PacketConn; a deadline that has passed wakes a waiting ReadFrom.
 func (c *chainConn) SetReadDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.deadline.Store(0)
 		return nil
 	}
-	if old := c.deadline.Swap(t.UnixNano()); old == 0 || t.UnixNano() < old {
+	c.deadline.Store(t.UnixNano())
+	if !t.After(time.Now()) {
 		select {
-		case c.earlier <- struct{}{}:
+		case c.passed <- struct{}{}:
 		default:
 		}
 	}

@@ -32,11 +32,13 @@ const (
 	// passQueue is how many queries wait for CoreDNS's server before the readers wait for it.
 	passQueue = 256
 
-	// steerCheck is how often the fast path reads who is in its address's group besides the changes it
-	// hears of (nodelocal.ReuseportChanges) and checks with a probe that the group still sends packets to
-	// it, and probeWait bounds the wait for one probe.
-	steerCheck = 10 * time.Second
-	probeWait  = time.Second
+	// steerCheck is how soon after a change the fast path reads again who is in its address's group,
+	// besides the changes it hears of (nodelocal.ReuseportChanges), and checks with a probe that the group
+	// still sends packets to it; the wait doubles up to steerCheckMax while the group stays as it was.
+	// probeWait bounds the wait for one probe.
+	steerCheck    = 10 * time.Second
+	steerCheckMax = 5 * time.Minute
+	probeWait     = time.Second
 	// passDrainWait bounds the wait for CoreDNS's server to take the queries passed to it when stopping.
 	passDrainWait = 2 * time.Second
 	// shutdownWait bounds the wait for the queries CoreDNS's server is still answering when stopping.
@@ -104,7 +106,7 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		fp.conn.Close()
 		return nil, err
 	}
-	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), earlier: make(chan struct{}, 1)}
+	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), passed: make(chan struct{}, 1)}
 
 	started := make(chan struct{})
 	fp.inner = chainServer(srv, fp.chain)

@@ -37,7 +37,7 @@ func newTestChainServers(t *testing.T, handler plugin.Handler) (*chainServers, *
 	}
 	t.Cleanup(func() { client.Close() })
 	fp := &fastPath{srv: srv, conn: conn}
-	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), earlier: make(chan struct{}, 1)}
+	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), passed: make(chan struct{}, 1)}
 	return newChainServers(fp), client
 }
 

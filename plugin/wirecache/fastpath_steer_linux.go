@@ -20,13 +20,15 @@ import (
 
 // keepSteered steers the group to the fast path's socket, and checks who is in the group whenever this
 // process hears that it may have changed (nodelocal.ReuseportChanges: a successor queued or left, a
-// takeover began or ended) and every steerCheck besides, so that an idle node wakes it seldom.
+// takeover began or ended) and besides: steerCheck after a change, the wait doubling up to steerCheckMax
+// while the group stays as it was, so that an idle node wakes it seldom (a group that changed unheard of,
+// a stray process joining, leaves packets to CoreDNS's own socket, which answers them, until the next look).
 // While this process takes the address over from an older one (nodelocal.UDPGroupTakenOver) it leaves the group's
 // program to the takeover. While another process has sockets there (a successor that must prove it answers, then takes the node
 // over and steers the group itself), or a successor is queued at the node lock and about to join
 // (nodelocal.SuccessorQueued), the fast path gives the group back to the kernel's hash once, if it was
 // steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
-// checks with a probe every steerCheck that packets still come to it. Each round also ends the goroutines
+// checks with a probe at each look that packets still come to it. Each round also ends the goroutines
 // the chainServers keep beyond what the last round needed (trim).
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
@@ -35,8 +37,10 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 	t := time.NewTimer(steerCheck)
 	defer t.Stop()
 	// retry is the wait before the next look after a round that could not finish (a probe that got no
-	// answer, a steering that failed): a second, doubling up to steerCheck.
-	retry := time.Duration(0)
+	// answer, a steering that failed): a second, doubling up to steerCheck. idle is the wait after one that
+	// did: steerCheck after a change, doubling while the group stays as it was, up to steerCheckMax.
+	retry, idle := time.Duration(0), steerCheck
+	checkedGroup := ""
 	var (
 		steered, yielded bool
 		lastGroup        string
@@ -117,18 +121,24 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 				setSteered(err == nil)
 			}
 		}
-		wait := steerCheck
 		if failed {
 			retry = min(max(2*retry, time.Second), steerCheck)
-			wait = retry
+			idle = steerCheck
+			t.Reset(retry)
 		} else {
 			retry = 0
+			if lastGroup != checkedGroup {
+				idle = steerCheck
+			}
+			t.Reset(idle)
+			idle = min(2*idle, steerCheckMax)
 		}
-		t.Reset(wait)
+		checkedGroup = lastGroup
 		select {
 		case <-ctx.Done():
 			return
 		case <-changes:
+			idle = steerCheck
 		case <-t.C:
 		}
 	}

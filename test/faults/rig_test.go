@@ -179,8 +179,8 @@ func (r *rig) startCache(extra ...string) *simnode.Process {
 	return p
 }
 
-// startGuard starts the guard with its defaults (probes every 250 ms, fail open after 3 failed rounds) and
-// extra arguments.
+// startGuard starts the guard with its defaults (probes every 250 ms from when the cache's lock file is
+// closed, every 5 s while the cache answers; fail open after 3 failed rounds) and extra arguments.
 func (r *rig) startGuard(extra ...string) *simnode.Process {
 	r.t.Helper()
 	args := []string{"-guard", "-localip", strings.Join(r.listen, ",")}
@@ -191,6 +191,7 @@ func (r *rig) startGuard(extra ...string) *simnode.Process {
 		"-guard.upstreamips", strings.Join(r.upstreamIPs(), ","),
 		"-guard.backend", r.backend,
 		"-guard.lockpath", filepath.Join(r.dir, "guard.lock"),
+		"-lockfile", filepath.Join(r.dir, "nodelocaldns.lock"), // the cache's, which tells the guard it died
 		"-metrics-listen-address", guardMetrics)
 	p := r.n.Start(r.n.NodeNS, r.bin, append(args, extra...)...)
 	r.guard = p

@@ -4,6 +4,7 @@ package nodelock
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -68,5 +69,44 @@ func TestBellRingsForEverySuccessorStep(t *testing.T) {
 		}
 	case <-time.After(bellBound):
 		t.Error("the bell's channel stays open after its context ended")
+	}
+}
+
+// Closed tells of the owner letting go (as its process's end does, however it ends), and its channel closes
+// once the file is removed.
+func TestClosedTellsOfTheOwnerGoing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nodelocaldns.lock")
+	owner, err := Acquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, err := Closed(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Release(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case _, ok := <-closed:
+		if !ok {
+			t.Fatal("the channel closed instead of telling of the owner")
+		}
+	case <-time.After(bellBound):
+		t.Fatalf("nothing within %v of the owner letting go", bellBound)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(bellBound)
+	for {
+		select {
+		case _, ok := <-closed:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the channel stays open %v after the file was removed", bellBound)
+		}
 	}
 }
