@@ -89,11 +89,20 @@ func (r *Reconciler) syncLocked(ctx context.Context, scope syncScope) error {
 		doRules = false
 	}
 	rulesRead := doRules
-	if doRules && len(w.endpoints) > 0 {
+	switch {
+	case doRules && len(w.endpoints) > 0:
 		var err error
-		if failedOpen, err = r.guardLocked(ctx, w.endpoints, reclaim); err != nil {
+		if failedOpen, err = r.guardLocked(ctx, familiesOfEndpoints(w.endpoints), reclaim); err != nil {
 			errs = append(errs, err)
 			doRules = false
+		}
+	case doRules && len(w.addrs) > 0:
+		// No lease has its rules yet (a cache starting, its server not probed yet): its repairs honour a
+		// fail-open all the same, and leave off the addresses the guard keeps out, so that they do not
+		// fight the guard over them. Before a backend can be chosen there is no divert to honour.
+		var err error
+		if failedOpen, err = r.guardLocked(ctx, familiesOf(w.addrs), false); err != nil && !backendPending(err) {
+			errs = append(errs, err)
 		}
 	}
 	if doLink && r.link != nil {
@@ -151,14 +160,13 @@ func (r *Reconciler) heldLocked(ctx context.Context, addrs []netip.Addr) []netip
 	return held
 }
 
-// guardLocked looks for the fail-open guard's divert in the families of endpoints. Found, with reclaim
-// it removes it; without, it reports the node failed open, so that the jumps stay out.
-func (r *Reconciler) guardLocked(ctx context.Context, endpoints []rules.Endpoint, reclaim bool) (failedOpen bool, err error) {
+// guardLocked looks for the fail-open guard's divert in fams. Found, with reclaim it removes it; without,
+// it reports the node failed open, so that the jumps and the addresses the guard took out stay out.
+func (r *Reconciler) guardLocked(ctx context.Context, fams []rules.Family, reclaim bool) (failedOpen bool, err error) {
 	fw, err := r.fw.get(ctx)
 	if err != nil {
 		return false, err
 	}
-	fams := familiesOfEndpoints(endpoints)
 	diverted, err := fw.Diverted(ctx, fams)
 	if err != nil {
 		return false, err

@@ -134,6 +134,47 @@ func TestReconcilerOnAFakeNode(t *testing.T) {
 			}
 		},
 	}, {
+		// A cache started on a failed-open node binds the ClusterIP (Acquire), and the guard takes it out
+		// again; its repairs before its server answered used to put it back each time, so the two fought
+		// over it and the cache's probe of it raced with the guard.
+		name: "a repair before the rules keeps the ClusterIP off while the guard's divert stands",
+		run: func(t *testing.T, n *fakeNode, r *Reconciler, l *Lease) {
+			n.mu.Lock()
+			n.marked[rules.IPv4] = true
+			n.linkAddrs = []netip.Addr{addrA}
+			n.mu.Unlock()
+			n.resetOps()
+			if err := r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st := n.state(); st != "rules=0 hooked=[] marked=[IPv4] link=[169.254.20.10]" {
+				t.Errorf("Ensure before the rules, while failed open, changed the node: %s", st)
+			}
+			if st := r.Status(); !st.GuardFailedOpen || !slices.Equal(st.Addresses, []netip.Addr{addrA}) {
+				t.Errorf("status while failed open: failed open %v, addresses %v", st.GuardFailedOpen, st.Addresses)
+			}
+			// The server answers: EnableRules takes the node back and puts the ClusterIP back.
+			if err := l.EnableRules(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st := n.state(); st != "rules=4 hooked=[IPv4] marked=[] link=[10.96.0.10 169.254.20.10]" {
+				t.Errorf("after EnableRules: %s", st)
+			}
+			// Without a divert, a repair before the rules puts back what the link lost.
+			if err := l.DisableRules(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n.mu.Lock()
+			n.linkAddrs = []netip.Addr{addrA}
+			n.mu.Unlock()
+			if err := r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st := r.Status(); st.GuardFailedOpen || !slices.Equal(st.Addresses, []netip.Addr{fakeClusterIP, addrA}) {
+				t.Errorf("status after a repair with no divert: failed open %v, addresses %v", st.GuardFailedOpen, st.Addresses)
+			}
+		},
+	}, {
 		name: "a reclaim that cannot remove the divert leaves the jumps out",
 		run: func(t *testing.T, n *fakeNode, _ *Reconciler, l *Lease) {
 			n.mu.Lock()
