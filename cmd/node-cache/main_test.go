@@ -24,8 +24,8 @@ var upstreamNodeCachePlugins = []string{
 // or adding a plugin there is a decision this test makes visible.
 var nodeCachePlugins = []string{
 	"bind", "bufsize", "cache", "debug", "dns64", "errors", "file", "forward", "health", "hosts", "loadbalance",
-	"log", "loop", "pprof", "prometheus", "ready", "reload", "rewrite", "template", "timeouts", "trace", "whoami",
-	"clamp", "notrack", "upstreamsvc", "wirecache",
+	"log", "loop", "multisocket", "pprof", "prometheus", "ready", "reload", "rewrite", "template", "timeouts", "trace",
+	"whoami", "clamp", "notrack", "upstreamsvc", "wirecache",
 	// Registered because the plugins above import them: forward imports dnstap, file imports transfer,
 	// and cache, forward, log, rewrite and template all import metadata.
 	"dnstap", "metadata", "transfer",
