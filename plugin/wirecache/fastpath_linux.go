@@ -106,6 +106,11 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		fp.conn.Close()
 		return nil, err
 	}
+	if size := routes.recvBuffer(); size > 0 {
+		if _, err := setRecvBuffer(fp.fd, size); err != nil {
+			log.Warningf("fast path on %s: %v; queries that arrive while the process waits for a CPU are dropped sooner", srv.Addr, err)
+		}
+	}
 	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), passed: make(chan struct{}, 1)}
 
 	started := make(chan struct{})

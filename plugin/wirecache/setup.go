@@ -239,6 +239,18 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.Errf("fastpath takes on or off")
 				}
 				wc.FastPath = args[0] == "on"
+			case "rcvbuf":
+				if len(args) != 1 {
+					return nil, c.ArgErr()
+				}
+				n, err := bytesize.Parse(args[0])
+				if err != nil {
+					return nil, c.Errf("rcvbuf: %v", err)
+				}
+				if n != 0 && (n < MinRecvBuffer || n > MaxRecvBuffer) {
+					return nil, c.Errf("rcvbuf %s: want 0 (the kernel's default) or %d KiB to %d MiB", args[0], MinRecvBuffer>>10, MaxRecvBuffer>>20)
+				}
+				wc.RecvBuffer = n
 			default:
 				return nil, c.Errf("unknown property '%s'", property)
 			}

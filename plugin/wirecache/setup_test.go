@@ -27,6 +27,7 @@ func TestSetup(t *testing.T) {
 		allZones bool
 		repeats  bool
 		noFast   bool
+		rcvbuf   int64 // -1: none (0)
 	}{
 		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
 		{input: "wirecache", keys: []string{"cluster.local:53"}, zones: []string{"cluster.local."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
@@ -63,6 +64,13 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache {\n fastpath on\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
 		{input: "wirecache {\n fastpath\n}", wantErr: "fastpath takes on or off"},
 		{input: "wirecache {\n fastpath no\n}", wantErr: "fastpath takes on or off"},
+		{input: "wirecache {\n rcvbuf 4MiB\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, rcvbuf: 4 << 20},
+		{input: "wirecache {\n rcvbuf 0\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, rcvbuf: -1},
+		{input: "wirecache {\n rcvbuf 64KiB\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, rcvbuf: 64 << 10},
+		{input: "wirecache {\n rcvbuf 63KiB\n}", wantErr: "want 0 (the kernel's default) or 64 KiB to 256 MiB"},
+		{input: "wirecache {\n rcvbuf 1GiB\n}", wantErr: "want 0 (the kernel's default) or 64 KiB to 256 MiB"},
+		{input: "wirecache {\n rcvbuf lots\n}", wantErr: "rcvbuf: "},
+		{input: "wirecache {\n rcvbuf\n}", wantErr: "Wrong argument count"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.input, func(t *testing.T) {
@@ -83,6 +91,15 @@ func TestSetup(t *testing.T) {
 			}
 			if tc.memory == 0 {
 				tc.memory = DefaultMaxMemory
+			}
+			switch tc.rcvbuf {
+			case 0:
+				tc.rcvbuf = DefaultRecvBuffer
+			case -1:
+				tc.rcvbuf = 0
+			}
+			if wc.RecvBuffer != tc.rcvbuf {
+				t.Errorf("rcvbuf %d, want %d", wc.RecvBuffer, tc.rcvbuf)
 			}
 			if wc.FastPath == tc.noFast {
 				t.Errorf("fastpath %v, want %v", wc.FastPath, !tc.noFast)

@@ -32,6 +32,17 @@ const (
 
 	DefaultStaleFor = time.Hour
 	DefaultStaleTTL = 30
+
+	// DefaultRecvBuffer is the receive buffer the fast path asks for its UDP socket: about a thousand
+	// queries, half a second of a busy node's, where the kernel's default (net.core.rmem_default, 208 KiB
+	// on most nodes) holds about 200.
+	DefaultRecvBuffer = 1 << 20
+)
+
+// Bounds of RecvBuffer, other than 0.
+const (
+	MinRecvBuffer = 64 << 10
+	MaxRecvBuffer = 256 << 20
 )
 
 // MinMaxMemory is the smallest memory budget: room for one entry of the largest size stored.
@@ -80,6 +91,11 @@ type WireCache struct {
 	// fast, set at startup when it does, are the fast paths of the instance.
 	FastPath bool
 	fast     *fastPaths
+	// RecvBuffer is the receive buffer, in bytes, that the fast path asks for its socket on the block's
+	// address (the largest of the blocks it answers for): the queries that wait while the process does not
+	// run (a CPU limit's throttling, the collector, a busy node) are dropped beyond it. Zero leaves the
+	// kernel's default.
+	RecvBuffer int64
 
 	allZones   bool
 	store      *store
@@ -91,7 +107,7 @@ type WireCache struct {
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
 func New() *WireCache {
-	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now, FastPath: true}
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer}
 	wc.buffers.New = func() any {
 		b := make([]byte, 0, maxEntryWire+optLen)
 		return &b

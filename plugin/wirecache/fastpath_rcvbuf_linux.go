@@ -1,0 +1,43 @@
+//go:build linux
+
+package wirecache
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// recvBuffer is the receive buffer the fast path asks for: the largest RecvBuffer of the blocks it answers
+// for, 0 when none asks for one.
+func (r fastRouting) recvBuffer() int64 {
+	var size int64
+	for _, b := range r {
+		if b != nil {
+			size = max(size, b.wc.RecvBuffer)
+		}
+	}
+	return size
+}
+
+// setRecvBuffer gives the socket fd a receive buffer of size bytes: SO_RCVBUFFORCE, which a process with
+// CAP_NET_ADMIN (a node cache has it) may set beyond net.core.rmem_max, else SO_RCVBUF, which the kernel
+// caps at rmem_max. It returns what the kernel reports the buffer is (twice what it was asked for, the
+// kernel's own bookkeeping included) and an error that says why the buffer is smaller than asked, if it is.
+func setRecvBuffer(fd int, size int64) (int, error) {
+	forceErr := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, int(size))
+	if forceErr != nil {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, int(size)); err != nil {
+			return 0, fmt.Errorf("set SO_RCVBUF to %d: %w", size, err)
+		}
+	}
+	got, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	if err != nil {
+		return 0, fmt.Errorf("read SO_RCVBUF: %w", err)
+	}
+	if int64(got) < 2*size {
+		return got, fmt.Errorf("the kernel gave %d bytes of receive buffer for %d asked (SO_RCVBUFFORCE: %v; "+
+			"SO_RCVBUF is capped at net.core.rmem_max)", got/2, size, forceErr)
+	}
+	return got, nil
+}
