@@ -107,7 +107,7 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		return nil, err
 	}
 	if size := routes.recvBuffer(); size > 0 {
-		if _, err := setRecvBuffer(fp.fd, size); err != nil {
+		if err := setGroupRecvBuffers(local, fp.fd, size); err != nil {
 			log.Warningf("fast path on %s: %v; queries that arrive while the process waits for a CPU are dropped sooner", srv.Addr, err)
 		}
 	}

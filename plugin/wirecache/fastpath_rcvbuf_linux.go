@@ -3,9 +3,13 @@
 package wirecache
 
 import (
+	"errors"
 	"fmt"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 )
 
 // recvBuffer is the receive buffer the fast path asks for: the largest RecvBuffer of the blocks it answers
@@ -18,6 +22,30 @@ func (r fastRouting) recvBuffer() int64 {
 		}
 	}
 	return size
+}
+
+// setGroupRecvBuffers gives the fast path's socket fd, and this process's other sockets in the reuseport
+// group of local (CoreDNS's, which get the address's queries while the group is not steered to the fast
+// path: at the start, and while another process's sockets are in the group during a hand-over), a receive
+// buffer of size bytes (setRecvBuffer).
+func setGroupRecvBuffers(local netip.AddrPort, fd int, size int64) error {
+	fds := []int{fd}
+	group, err := nodelocal.UDPGroup(local)
+	if err != nil {
+		return fmt.Errorf("reading the sockets bound to %s: %w", local, err)
+	}
+	for _, s := range group {
+		if s.FD >= 0 && s.FD != fd {
+			fds = append(fds, s.FD)
+		}
+	}
+	var errs []error
+	for _, fd := range fds {
+		if _, err := setRecvBuffer(fd, size); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // setRecvBuffer gives the socket fd a receive buffer of size bytes: SO_RCVBUFFORCE, which a process with
