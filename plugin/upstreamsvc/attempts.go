@@ -61,7 +61,7 @@ func (a *attempts) spend() {
 func (u *UpstreamSvc) forwarded(ctx context.Context, up *upstream, w dns.ResponseWriter, r *dns.Msg, budget *attempts, pipeErr error) (int, error) {
 	defer func() { u.release(up) }()
 	state := request.Request{W: w, Req: r}
-	var last *proxy.Proxy
+	var last *lazyProxy
 	lastErr := pipeErr
 	for budget.left() {
 		if err := ctx.Err(); err != nil {
@@ -100,7 +100,7 @@ func (u *UpstreamSvc) forwarded(ctx context.Context, up *upstream, w dns.Respons
 		}
 		lastErr = err
 		if ctx.Err() == nil {
-			px.Healthcheck() // as forward does: is it our upstream that is broken?
+			px.started().Healthcheck() // as forward does: is it our upstream that is broken?
 		}
 	}
 	if lastErr == nil {
@@ -111,13 +111,13 @@ func (u *UpstreamSvc) forwarded(ctx context.Context, up *upstream, w dns.Respons
 
 // pick returns one of up's proxies that is not down, at random as forward's default policy picks, and
 // another one than last where there is one; nil when every one is down.
-func (up *upstream) pick(last *proxy.Proxy) *proxy.Proxy {
+func (up *upstream) pick(last *lazyProxy) *lazyProxy {
 	n := len(up.proxies)
 	start := 0
 	if n > 1 {
 		start = rand.IntN(n) //nolint:gosec // spreading queries needs no unpredictable choice
 	}
-	var again *proxy.Proxy
+	var again *lazyProxy
 	for i := range n {
 		p := up.proxies[(start+i)%n]
 		switch {
@@ -136,7 +136,8 @@ func (up *upstream) pick(last *proxy.Proxy) *proxy.Proxy {
 // over TCP when a UDP answer came truncated, if the budget allows that copy too (else the truncated answer
 // goes to the client, which asks over TCP itself). It sets forward/upstream, traces and taps each copy as
 // forward does.
-func (u *UpstreamSvc) connect(ctx context.Context, px *proxy.Proxy, state request.Request, budget *attempts) (*dns.Msg, error) {
+func (u *UpstreamSvc) connect(ctx context.Context, lp *lazyProxy, state request.Request, budget *attempts) (*dns.Msg, error) {
+	px := lp.started()
 	metadata.SetValueFunc(ctx, "forward/upstream", px.Addr)
 	if span := ot.SpanFromContext(ctx); span != nil {
 		child := span.Tracer().StartSpan("connect", ot.ChildOf(span.Context()))

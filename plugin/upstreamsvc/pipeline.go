@@ -74,7 +74,7 @@ type pipeline struct {
 	zones  string // metrics label: the server block's zones
 	// resender is forward's proxy to addr, which sends a stalled query once more; nil: stalled queries
 	// only wait.
-	resender *proxy.Proxy
+	resender *lazyProxy
 	resends  chan struct{} // one token per re-send under way
 	// forwardUpstream is forward/upstream's metadata value for the queries sent here.
 	forwardUpstream metadata.Func
@@ -89,7 +89,7 @@ type pipeline struct {
 }
 
 // newPipeline returns a pipeline to addr whose stalled queries resender sends once more.
-func newPipeline(addr string, expire time.Duration, resender *proxy.Proxy, zones string) *pipeline {
+func newPipeline(addr string, expire time.Duration, resender *lazyProxy, zones string) *pipeline {
 	return &pipeline{
 		addr:            addr,
 		expire:          expire,
@@ -217,13 +217,14 @@ func (p *pipeline) resend(ctx context.Context, w dns.ResponseWriter, r *dns.Msg)
 	out := make(chan resendResult, 1)
 	go func() {
 		defer func() { <-p.resends }()
+		px := p.resender.started()
 		for {
-			m, _, _, err := p.resender.Connect(ctx, state, proxy.Options{ForceTCP: true})
+			m, _, _, err := px.Connect(ctx, state, proxy.Options{ForceTCP: true})
 			if errors.Is(err, proxy.ErrCachedClosed) {
 				continue // closed before the query went out, as forward retries it
 			}
 			if err != nil && ctx.Err() == nil {
-				p.resender.Healthcheck() // as forward does after a failed exchange, not one stopped here
+				px.Healthcheck() // as forward does after a failed exchange, not one stopped here
 			}
 			out <- resendResult{m, err}
 			return

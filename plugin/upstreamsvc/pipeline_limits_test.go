@@ -211,13 +211,12 @@ func TestPipelineWriteBufferBounded(t *testing.T) {
 }
 
 // resenderTo returns forward's proxy to addr over TCP, as upstreamsvc builds it.
-func resenderTo(t *testing.T, addr string) *proxy.Proxy {
+func resenderTo(t *testing.T, addr string) *lazyProxy {
 	t.Helper()
 	px := proxy.NewProxy(proxyName, addr, transport.DNS)
 	px.GetHealthchecker().SetTCPTransport()
-	px.Start(defaultHealthCheck)
 	t.Cleanup(px.Stop)
-	return px
+	return newLazyProxy(px, defaultHealthCheck)
 }
 
 // TestStalledResendsBounded holds every answer while many queries wait behind a slow one on a connection:

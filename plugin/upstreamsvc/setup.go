@@ -44,6 +44,7 @@ func setup(c *caddy.Controller) error {
 	u.initial = initial
 	u.own = own
 	u.watch = watch
+	u.pool = sharedProxyPool(c)
 	u.zones = strings.Join(plugin.OriginsFromArgsOrServerBlock(nil, c.ServerBlockKeys), ",")
 
 	dnsserver.GetConfig(c).AddPlugin(func(next plugin.Handler) plugin.Handler {

@@ -29,7 +29,6 @@ import (
 	"github.com/coredns/coredns/plugin/metrics"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/coredns/coredns/plugin/pkg/proxy"
-	"github.com/coredns/coredns/plugin/pkg/transport"
 	"github.com/coredns/coredns/request"
 
 	"github.com/miekg/dns"
@@ -93,6 +92,7 @@ type UpstreamSvc struct {
 	initial upstreamSet   // chosen during setup, used from OnStartup on
 	watch   *serviceWatch // nil without API access
 	own     ownListeners  // addresses that would loop back into this block
+	pool    *proxyPool    // the proxies, shared with the Corefile's other blocks
 	tap     *dnstap.Dnstap
 
 	errLimitExceeded error
@@ -109,8 +109,10 @@ type UpstreamSvc struct {
 // using it has returned.
 type upstream struct {
 	// proxies are CoreDNS's proxies, one per address: they send the queries the pipelines do not carry,
-	// and health-check their address.
-	proxies []*proxy.Proxy
+	// and health-check their address. Each starts when it is first used (lazyProxy), and the blocks that
+	// forward to the same address share it (proxyPool).
+	proxies []*lazyProxy
+	pool    *proxyPool
 	// pipes carry the queries over pipelined TCP connections, one per address; nil where forward carries
 	// every query (prefer_udp, dnstap).
 	pipes    []*pipeline
@@ -127,6 +129,7 @@ func New(cfg Config) *UpstreamSvc {
 	}
 	return &UpstreamSvc{
 		cfg:              cfg,
+		pool:             newProxyPool(),
 		errLimitExceeded: fmt.Errorf("concurrent queries exceeded maximum %d", cfg.MaxConcurrent),
 	}
 }
@@ -268,7 +271,7 @@ func (up *upstream) stop() {
 			p.close()
 		}
 		for _, p := range up.proxies {
-			p.Stop()
+			up.pool.release(p)
 		}
 	})
 }
@@ -350,7 +353,7 @@ func (u *UpstreamSvc) switchTo(set upstreamSet) {
 		return
 	}
 	proxies := u.newProxies(set.addrs)
-	up := &upstream{proxies: proxies}
+	up := &upstream{proxies: proxies, pool: u.pool}
 	if !u.cfg.PreferUDP && u.tap == nil {
 		for i, addr := range set.addrs {
 			up.pipes = append(up.pipes, newPipeline(addr, u.cfg.Expire, proxies[i], u.zones))
@@ -380,18 +383,13 @@ func (u *UpstreamSvc) publishInfo() {
 	}
 }
 
-// newProxies starts CoreDNS's proxies to addrs, with this plugin's transport and timing options: each
-// health-checks its address every HealthCheck interval once a query to it failed.
-func (u *UpstreamSvc) newProxies(addrs []string) []*proxy.Proxy {
-	proxies := make([]*proxy.Proxy, 0, len(addrs))
+// newProxies returns CoreDNS's proxies to addrs, with this plugin's transport and timing options, from the
+// pool the Corefile's blocks share, to be started when first used: each health-checks its address every
+// HealthCheck interval once a query to it failed.
+func (u *UpstreamSvc) newProxies(addrs []string) []*lazyProxy {
+	proxies := make([]*lazyProxy, 0, len(addrs))
 	for _, addr := range addrs {
-		p := proxy.NewProxy(proxyName, addr, transport.DNS)
-		p.SetExpire(u.cfg.Expire)
-		if !u.cfg.PreferUDP {
-			p.GetHealthchecker().SetTCPTransport()
-		}
-		p.Start(u.cfg.HealthCheck)
-		proxies = append(proxies, p)
+		proxies = append(proxies, u.pool.acquire(addr, u.cfg))
 	}
 	return proxies
 }
