@@ -12,9 +12,11 @@
 # back, as fast as the cache answers, and paced at 2,000 lookups a second (what a busy node's Pods ask in
 # all); each for 3 s with no attack and for 3 s under the attack (idle and slow-loris connections opened
 # again as the cache closes them, held connections, a flood of odd queries at 1,000/s), alternating which
-# comes first. It prints each round, with the CPU time the cache and the attacker used in each window, and
-# the medians over the rounds of the rate and the p99 under attack as fractions of the undisturbed figures
-# (rate-...-under-attack/undisturbed, p99-...-under-attack/undisturbed). The workers, the attacker and the
+# comes first. It prints each round, with the lookups over TCP apart and the CPU time the cache and the
+# attacker used in each window, and the medians over the rounds of the rate and the p99 under attack as
+# fractions of the undisturbed figures (rate-...-under-attack/undisturbed, p99-...-under-attack/undisturbed).
+# The cache's listeners defer accepting connections that send nothing (NODECACHE_TCP_DEFER_ACCEPT, which the
+# cache takes from this environment; =0 measures without). The workers, the attacker and the
 # cache share the machine: back to back, the two cores are saturated, so the rate kept is mostly the share
 # of them the attack leaves; paced, it is whether the Pod's lookups still get done, and how fast.
 #

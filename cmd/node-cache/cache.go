@@ -38,8 +38,9 @@ func runCache(args []string) {
 		log.Fatalf("node-cache: %v", err)
 	}
 	registerStartupTrim() // trim.go: the binary's pages touched only while starting leave RSS
-	// tcpwrite.go: a TCP client that stops reading its answers is dropped, as CoreDNS's write timeout means.
-	if err := registerTCPWriteTimeout(); err != nil {
+	// tcpwrite.go: a TCP client that stops reading its answers is dropped, as CoreDNS's write timeout means,
+	// and one that sends nothing is not accepted until the deferral ends.
+	if err := registerListenerOptions(); err != nil {
 		log.Fatalf("node-cache: %v", err)
 	}
 	// coremain.Run parses the command line again, as CoreDNS's own main does: the values above, and -conf as

@@ -355,9 +355,11 @@ type podLookups struct {
 	answered, failed, retried int
 	first                     string // the first failure
 	latencies                 []time.Duration
-	slowest                   time.Duration
-	slowestWas                string // the slowest lookup answered, and when
-	elapsed                   time.Duration
+	// overTCP are the latencies of the lookups made over TCP, which latencies holds too.
+	overTCP    []time.Duration
+	slowest    time.Duration
+	slowestWas string // the slowest lookup answered, and when
+	elapsed    time.Duration
 }
 
 func (l podLookups) String() string {
@@ -366,6 +368,10 @@ func (l podLookups) String() string {
 		lat := slices.Sorted(slices.Values(l.latencies))
 		s += fmt.Sprintf(" (%.0f/s; median %v, p99 %v, max %v)", float64(l.answered)/l.elapsed.Seconds(),
 			lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)*99/100].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond))
+	}
+	if len(l.overTCP) > 0 {
+		lat := slices.Sorted(slices.Values(l.overTCP))
+		s += fmt.Sprintf(" (over TCP: %d, median %v, p90 %v)", len(lat), lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)*9/10].Round(time.Microsecond))
 	}
 	if l.slowestWas != "" {
 		s += "; the slowest: " + l.slowestWas

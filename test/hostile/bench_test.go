@@ -127,6 +127,9 @@ func (r *rig) lookupLoop(tb testing.TB, workers int, d, every time.Duration) pod
 					}
 					mine.answered++
 					mine.latencies = append(mine.latencies, took)
+					if _, _, _, _, tr := hotLookup(w*1000 + i); tr.tcp {
+						mine.overTCP = append(mine.overTCP, took)
+					}
 				}
 				return nil
 			})
@@ -139,6 +142,7 @@ func (r *rig) lookupLoop(tb testing.TB, workers int, d, every time.Duration) pod
 			all.failed += mine.failed
 			all.retried += mine.retried
 			all.latencies = append(all.latencies, mine.latencies...)
+			all.overTCP = append(all.overTCP, mine.overTCP...)
 			if all.first == "" {
 				all.first = mine.first
 			}

@@ -25,6 +25,7 @@ func TestHostileClients(t *testing.T) {
 	t.Run("odd queries answered as CoreDNS answers them", r.testOddQueries)
 	r.alive(t)
 	t.Run("one ID from many ports", r.testSameID)
+	t.Run("connections that send nothing", r.testSilent)
 	t.Run("attack", r.testAttack)
 	t.Run("clients that never read", r.testDeaf)
 	r.alive(t)
