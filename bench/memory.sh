@@ -26,15 +26,21 @@
 #            at NAMES_RATE q/s
 #   peak     VmHWM after DURATION s of mixed load at RATE q/s: HOT_PERCENT % of queries for the first HOT of
 #            those names, the rest for names never asked before
+# and, from the cluster DNS's metrics (A queries asked), "fetched", how many of the NAMES names' queries
+# reached it, and "refetched", how many did when the same names were asked again, each once, right after
+# (before the mixed load).
 # dnsperf must see only NOERROR answers and at most 0.1 % of queries lost, or the run fails; the lost
 # queries are reported.
 #
 # NODE_CACHE=PATH measures that build (and PATH-full beside it, if any) instead of building cmd/node-cache
 # as its Dockerfile does (static, stripped, the lean node-cache and node-cache-full); the cluster DNS and the
-# node's resolver run it too. NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build (an
-# executable script that execs a build with other settings will do), to measure a change in the same rounds. PROFILE_DIR=DIR (with a build that has the
-# pprof plugin) adds `pprof 127.0.0.1:6060` to the cache's first server block and saves heap profiles
-# (.heap, and .txt with the runtime's MemStats) at each of the three points into DIR. KEEP=1 keeps the logs.
+# node's resolver run a copy of it. NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build (an
+# executable script that execs a build with other settings will do), to measure a change in the same rounds.
+# PROFILE_DIR=DIR saves the cache's /proc/PID/smaps and status at each of the three points into DIR, for
+# every variant, and, for node-cache builds (which need the pprof plugin), adds `pprof 127.0.0.1:6060` to the
+# cache's first server block and saves heap profiles (.heap, and .txt with the runtime's MemStats) and the
+# goroutines. Fetching a profile maps much of the binary's function tables, so with PROFILE_DIR a node-cache
+# build's figures after the start are higher than without. KEEP=1 keeps the logs.
 #
 # Needs root, iproute2, iptables, dnsperf and unbound (installed with apt-get when missing), go.
 # Kills only the processes it started; removes its namespaces, links and files at exit.
@@ -74,6 +80,7 @@ simnode_node_cache
 cat >"$work/Corefile.clusterdns" <<EOF
 cluster.local:53 {
     bind $DNS_POD_IP
+    prometheus 127.0.0.1:9153
     template IN A cluster.local {
         answer "{{ .Name }} 30 IN A 10.97.0.1"
     }
@@ -102,18 +109,30 @@ if [ -n "${PROFILE_DIR:-}" ]; then
         sed -i '0,/^ *errors$/s//    errors\n    pprof 127.0.0.1:6060/' "$f"
     done
 fi
-# profile VARIANT ROUND POINT: saves heap profiles when PROFILE_DIR is set.
+# profile VARIANT ROUND POINT: saves the cache's /proc/PID/smaps and status (every variant) and heap profiles
+# and goroutines (node-cache builds) when PROFILE_DIR is set.
 profile() {
-    [ -n "${PROFILE_DIR:-}" ] && [ "$1" != unbound ] || return 0
-    local url=http://127.0.0.1:6060/debug/pprof/heap out=$PROFILE_DIR/$1-$2-$3
-    ip netns exec "$ns_node" curl -sf -o "$out.heap" "$url" && ip netns exec "$ns_node" curl -sf -o "$out.txt" "$url?debug=1" ||
+    [ -n "${PROFILE_DIR:-}" ] || return 0
+    local url=http://127.0.0.1:6060/debug/pprof out=$PROFILE_DIR/$1-$2-$3
+    cat "/proc/$cache_pid/smaps" >"$out.smaps"
+    cat "/proc/$cache_pid/status" >"$out.status"
+    [ "$1" != unbound ] || return 0
+    ip netns exec "$ns_node" curl -sf -o "$out.heap" "$url/heap" &&
+        ip netns exec "$ns_node" curl -sf -o "$out.txt" "$url/heap?debug=1" &&
+        ip netns exec "$ns_node" curl -sf -o "$out.goroutines" "$url/goroutine?debug=1" ||
         die "$1: no heap profile from 127.0.0.1:6060 (does the build have pprof?)"
+}
+# clusterA: the A queries the cluster DNS was asked so far.
+clusterA() {
+    in_ns "$ns_dns" curl -sf http://127.0.0.1:9153/metrics |
+        awk '/^coredns_dns_requests_total\{/ && /type="A"/ { s += $NF } END { printf "%d", s }' || die "no metrics from the cluster DNS"
 }
 
 simnode_unbound_conf
 
 # Queries: NAMES distinct names, then the mixed load (RATE * DURATION queries, so no new name repeats).
 seq 1 "$NAMES" | awk -v r="$NAMES_REPEAT" '{ for (i = 0; i < r; i++) printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$work/queries.names"
+seq 1 "$NAMES" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n", $1, $1 % 97 }' >"$work/queries.again"
 awk -v n=$((RATE * DURATION)) -v names="$NAMES" -v hot="$HOT" -v pct="$HOT_PERCENT" 'BEGIN {
     srand(1); fresh = names
     for (i = 0; i < n; i++) {
@@ -144,7 +163,7 @@ echo
 echo "$NAMES names, then $DURATION s at $RATE q/s ($HOT_PERCENT % of queries for $HOT hot names, the rest new); $ROUNDS rounds"
 # anon: the anonymous part of RSS (heap, stacks) at start, after the names and at the end of the load; the
 # rest is the binary's pages.
-printf '%-6s %-9s %10s %10s %10s %10s %6s   %s\n' round variant "start MiB" "names MiB" "peak MiB" "mixed q/s" lost "(anon MiB)"
+printf '%-6s %-9s %10s %10s %10s %10s %6s %8s %9s   %s\n' round variant "start MiB" "names MiB" "peak MiB" "mixed q/s" lost fetched refetched "(anon MiB)"
 read -r -a variants <<<"$VARIANTS"
 for round in $(seq 1 "$ROUNDS"); do
     n=${#variants[@]}
@@ -155,26 +174,33 @@ for round in $(seq 1 "$ROUNDS"); do
         sleep 1
         start_kib=$(kib "$cache_pid" VmRSS) start_anon=$(kib "$cache_pid" RssAnon)
         profile "$variant" "$round" start
+        up0=$(clusterA)
         perf "$work/queries.names" -n 1 -Q "$NAMES_RATE"
         names_lost=$lost
         names_kib=$(kib "$cache_pid" VmRSS) names_anon=$(kib "$cache_pid" RssAnon)
         profile "$variant" "$round" names
+        # The second pass: the same names again, each once; refetched counts those that reached the cluster DNS.
+        up1=$(clusterA)
+        perf "$work/queries.again" -n 1 -Q "$NAMES_RATE"
+        names_lost=$((names_lost + lost))
+        up2=$(clusterA)
+        fetched=$((up1 - up0)) refetched=$((up2 - up1))
         perf "$work/queries.mixed" -l "$DURATION" -Q "$RATE"
         peak_kib=$(kib "$cache_pid" VmHWM) end_anon=$(kib "$cache_pid" RssAnon)
         profile "$variant" "$round" peak
         simnode_stop "$variant"
-        printf '%-6s %-9s %10s %10s %10s %10s %6s   (%s %s %s)\n' "$round" "$variant" "$(mib "$start_kib")" \
-            "$(mib "$names_kib")" "$(mib "$peak_kib")" "$qps" $((names_lost + lost)) \
+        printf '%-6s %-9s %10s %10s %10s %10s %6s %8s %9s   (%s %s %s)\n' "$round" "$variant" "$(mib "$start_kib")" \
+            "$(mib "$names_kib")" "$(mib "$peak_kib")" "$qps" $((names_lost + lost)) "$fetched" "$refetched" \
             "$(mib "$start_anon")" "$(mib "$names_anon")" "$(mib "$end_anon")"
-        echo "$variant $start_kib $names_kib $peak_kib" >>"$results"
+        echo "$variant $start_kib $names_kib $peak_kib $refetched" >>"$results"
     done
 done
 
 echo
 echo "median over $ROUNDS rounds (MiB):"
-printf '%-9s %10s %10s %10s\n' variant start names peak
+printf '%-9s %10s %10s %10s %10s\n' variant start names peak refetched
 for variant in "${variants[@]}"; do
     awk -v v="$variant" "$simnode_awk_median"'
-        $1 == v { n++; s[n] = $2; m[n] = $3; p[n] = $4 }
-        END { printf "%-9s %10.1f %10.1f %10.1f\n", v, median(s, n) / 1024, median(m, n) / 1024, median(p, n) / 1024 }' "$results"
+        $1 == v { n++; s[n] = $2; m[n] = $3; p[n] = $4; r[n] = $5 }
+        END { printf "%-9s %10.1f %10.1f %10.1f %10d\n", v, median(s, n) / 1024, median(m, n) / 1024, median(p, n) / 1024, median(r, n) }' "$results"
 done

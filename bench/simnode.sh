@@ -68,6 +68,12 @@ simnode_node_cache() {
         [ ! -e "$NODE_CACHE_ALT-full" ] || cp "$NODE_CACHE_ALT-full" "$work/node-cache-alt-full"
         VARIANTS="$VARIANTS alt"
     fi
+    # The cluster DNS and the node's resolver run a copy of their own, so that the cache's executable pages are
+    # its own, and all are written back, as an image's binaries are on a node: node-cache drops its
+    # executable's unmapped pages from the page cache after a start (cmd/node-cache/trim.go), which pages
+    # another process maps, or a freshly written file's dirty pages, escape.
+    cp "$work/node-cache" "$work/node-cache-upstreams"
+    sync "$work"/node-cache*
 }
 
 # simnode_up PREFIX: builds the node in namespaces PREFIX-node, -pod, -dns and -ext (ns_node, ns_pod, ns_dns,
@@ -162,8 +168,8 @@ function median(a, n,    i, j, x) {
 
 # simnode_cluster_dns NICE [LAUNCHER...]: starts the cluster DNS (in ns_dns: svcN.* names have an A record,
 # xN.* names and other types are NXDOMAIN with the SOA a negative answer needs to be cached) and the node's
-# resolver (in ns_ext: every A query answered), both $work/node-cache, the cluster DNS at nice NICE, through
-# LAUNCHER (e.g. taskset -c 1), and waits until both answer.
+# resolver (in ns_ext: every A query answered), both $work/node-cache-upstreams, the cluster DNS at nice NICE,
+# through LAUNCHER (e.g. taskset -c 1), and waits until both answer.
 simnode_cluster_dns() {
     local level=$1
     shift
@@ -198,16 +204,16 @@ EOF
     simnode_start_upstreams "$level" svc1.probe.svc.cluster.local "$@"
 }
 
-# simnode_start_upstreams NICE NAME [LAUNCHER...]: starts $work/node-cache with $work/Corefile.clusterdns in
-# ns_dns (at nice NICE) and with $work/Corefile.ext in ns_ext, both through LAUNCHER, and waits until the
-# cluster DNS answers NAME and the node's resolver probe.example.org.
+# simnode_start_upstreams NICE NAME [LAUNCHER...]: starts $work/node-cache-upstreams (a copy of $work/node-cache)
+# with $work/Corefile.clusterdns in ns_dns (at nice NICE) and with $work/Corefile.ext in ns_ext, both through
+# LAUNCHER, and waits until the cluster DNS answers NAME and the node's resolver probe.example.org.
 simnode_start_upstreams() {
     local level=$1 name=$2
     shift 2
     # ip netns exec, not in_ns: a function in the background would leave $! the PID of a subshell.
-    nice -n "$level" ip netns exec "$ns_dns" "$@" "$work/node-cache" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
+    nice -n "$level" ip netns exec "$ns_dns" "$@" "$work/node-cache-upstreams" -conf "$work/Corefile.clusterdns" >"$work/clusterdns.log" 2>&1 &
     pids+=($!)
-    ip netns exec "$ns_ext" "$@" "$work/node-cache" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
+    ip netns exec "$ns_ext" "$@" "$work/node-cache-upstreams" -conf "$work/Corefile.ext" >"$work/ext.log" 2>&1 &
     pids+=($!)
     wait_dns "$ns_dns" "$DNS_POD_IP" "$name" || die "the cluster DNS does not answer; see $work/clusterdns.log"
     wait_dns "$ns_ext" "$EXT_IP" probe.example.org || die "the node's resolver does not answer; see $work/ext.log"

@@ -207,6 +207,7 @@ func runGuard(fs *flag.FlagSet, nc *nodeCacheFlags, g *guardFlags) error {
 			return err
 		}
 	}
+	trimAfterStart() // trim.go
 	// The guard leaves the node as it is when it stops: a failed-open node stays failed open until the
 	// cache takes it back. In an uninstall no cache takes it back, so what is left goes.
 	if err := guard.Run(ctx); err != nil {

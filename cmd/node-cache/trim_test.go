@@ -3,11 +3,16 @@
 package main
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestCleanReadOnlyMappingsOf(t *testing.T) {
@@ -84,4 +89,93 @@ func TestUnmapReadOnlyExecutablePages(t *testing.T) {
 	if got, err := cleanReadOnlyMappingsOf([]byte("00400000-00401000 r-xp 0 fe:01 1 /x\n"), "/x"); err != nil || len(got) != 1 {
 		t.Errorf("after unmapping: %v, %v", got, err)
 	}
+}
+
+// TestTrimDropsUnmappedPages: after the trim, the executable's read-only mappings take random-read advice (a
+// fault maps its own page, not the 64 KiB around it) and the pages of the executable no process maps have left
+// the page cache. The test binary is written back first: the kernel drops clean pages only.
+func TestTrimDropsUnmappedPages(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	var fsType unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fsType); err != nil {
+		t.Fatal(err)
+	}
+	if fsType.Type == unix.TMPFS_MAGIC || fsType.Type == unix.RAMFS_MAGIC {
+		t.Skipf("%s is on a file system held in memory, whose pages are never dropped", exe)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := func() int {
+		t.Helper()
+		m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = unix.Munmap(m) }()
+		vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+		if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+			t.Fatalf("mincore: %v", errno)
+		}
+		n := 0
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	// Read the whole file, so that every page is cached before the trim.
+	if _, err := io.Copy(io.Discard, io.NewSectionReader(f, 0, st.Size())); err != nil {
+		t.Fatal(err)
+	}
+	before := cached()
+	if _, err := unmapReadOnlyExecutablePages(); err != nil {
+		t.Fatal(err)
+	}
+	after := cached()
+	if after >= before/2 {
+		t.Errorf("%d of the executable's pages cached after the trim, %d before: want fewer than half", after, before)
+	}
+
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := cleanReadOnlyMappingsOf(smaps, exe)
+	if err != nil || len(ranges) == 0 {
+		t.Fatalf("read-only mappings of %s: %v, %v", exe, ranges, err)
+	}
+	for _, r := range ranges {
+		if flags := vmFlagsOf(t, smaps, r); !slices.Contains(flags, "rr") {
+			t.Errorf("mapping %#x-%#x has VmFlags %v, want random-read advice (rr)", r.start, r.end, flags)
+		}
+	}
+}
+
+// vmFlagsOf returns the VmFlags that smaps (the text of /proc/PID/smaps) lists for the mapping r.
+func vmFlagsOf(t *testing.T, smaps []byte, r addrRange) []string {
+	t.Helper()
+	head := fmt.Sprintf("%08x-%08x ", r.start, r.end)
+	in := false
+	for line := range strings.SplitSeq(string(smaps), "\n") {
+		switch {
+		case strings.HasPrefix(line, head):
+			in = true
+		case in && strings.HasPrefix(line, "VmFlags:"):
+			return strings.Fields(strings.TrimPrefix(line, "VmFlags:"))
+		}
+	}
+	t.Fatalf("no VmFlags for mapping %s", head)
+	return nil
 }
