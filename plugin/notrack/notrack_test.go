@@ -122,7 +122,7 @@ func TestProbeOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := probeAll(ctx, []probeTarget{target(addr)}); !errors.Is(err, context.Canceled) {
+	if err := probeAll(ctx, []probeTarget{target(addr)}, nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("probeAll with an ended context: %v", err)
 	}
 }

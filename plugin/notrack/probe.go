@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -124,9 +125,28 @@ func markSocket(_, _ string, c syscall.RawConn) error {
 }
 
 // probeAll probes every target until each has answered (nodelocal.AwaitAnswers). It returns ctx's error
-// if ctx ends first.
-func probeAll(ctx context.Context, targets []probeTarget) error {
-	return nodelocal.AwaitAnswers(ctx, targetEndpoints(targets), proberOf(targets), log)
+// if ctx ends first. With keptOut, an address the fail-open guard keeps off the link counts as answered
+// (unlessKeptOut).
+func probeAll(ctx context.Context, targets []probeTarget, keptOut *nodelocal.Reconciler) error {
+	probe := proberOf(targets)
+	if keptOut != nil {
+		probe = unlessKeptOut(keptOut, probe)
+	}
+	return nodelocal.AwaitAnswers(ctx, targetEndpoints(targets), probe, log)
+}
+
+// unlessKeptOut returns probe, except that an address the fail-open guard keeps off the link counts as
+// answered without a probe. While the node is failed open the guard takes the Service addresses (the
+// kube-dns ClusterIP) out again whenever a process puts them back, so a probe of one would race with the
+// guard; the listeners on them are this process's, opened with those that answered, and EnableRules puts
+// the addresses back as it takes the node back. reclaimIfAnswering probes only the held addresses too.
+func unlessKeptOut(rec *nodelocal.Reconciler, probe nodelocal.ProbeFunc) nodelocal.ProbeFunc {
+	return func(ctx context.Context, ep netip.AddrPort) error {
+		if st := rec.Status(); st.GuardFailedOpen && !slices.Contains(st.Addresses, ep.Addr().Unmap()) {
+			return nil
+		}
+		return probe(ctx, ep)
+	}
 }
 
 // proberOf returns a probe of this server at the endpoint of each target, with the target's name.

@@ -63,6 +63,7 @@ func (n *node) probeAndEnable(in *instance) {
 		}
 	}
 	mode := n.settings.Backend
+	rec := n.rec
 	n.mu.Unlock()
 	if len(targets) == 0 {
 		return
@@ -81,10 +82,7 @@ func (n *node) probeAndEnable(in *instance) {
 		countSetupError(err)
 		log.Warningf("could not exempt probes from connection tracking; addresses that kube-proxy DNATs will not answer them: %v", err)
 	}
-	n.mu.Lock()
-	rec := n.rec
-	n.mu.Unlock()
-	err := nodelocal.AwaitAnswers(in.ctx, targetEndpoints(targets), unlessKeptOut(rec, proberOf(targets)), log)
+	err := probeAll(in.ctx, targets, rec)
 	n.releaseProbeExemption()
 	if err != nil {
 		return // the instance ended
@@ -150,20 +148,4 @@ func targetList(targets []probeTarget) string {
 		s[i] = t.String()
 	}
 	return strings.Join(s, ", ")
-}
-
-// unlessKeptOut returns probe, except that an address the fail-open guard keeps off the link counts as
-// answered without a probe. While the node is failed open the guard takes the Service addresses (the
-// kube-dns ClusterIP) out again whenever a process puts them back, so a probe of one would race with the
-// guard; the listeners on them are this process's, opened with those that answered, and EnableRules puts
-// the addresses back as it takes the node back. reclaimIfAnswering probes only the held addresses too.
-func unlessKeptOut(rec *nodelocal.Reconciler, probe nodelocal.ProbeFunc) nodelocal.ProbeFunc {
-	return func(ctx context.Context, ep netip.AddrPort) error {
-		if rec != nil {
-			if st := rec.Status(); st.GuardFailedOpen && !slices.Contains(st.Addresses, ep.Addr().Unmap()) {
-				return nil
-			}
-		}
-		return probe(ctx, ep)
-	}
 }

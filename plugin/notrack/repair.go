@@ -111,7 +111,7 @@ func (n *node) reclaimIfAnswering(ctx context.Context, rec *nodelocal.Reconciler
 		log.Warningf("could not exempt probes from connection tracking to check whether to take the node back from the fail-open guard: %v", err)
 		return time.Time{}
 	}
-	err = probeAll(probeCtx, targets)
+	err = probeAll(probeCtx, targets, nil) // only the held addresses, above
 	n.releaseProbeExemption()
 	if err != nil {
 		return time.Time{}

@@ -41,7 +41,7 @@ func setGroupRecvBuffers(local netip.AddrPort, fd int, size int64) error {
 	}
 	var errs []error
 	for _, fd := range fds {
-		if _, err := setRecvBuffer(fd, size); err != nil {
+		if err := setRecvBuffer(fd, size); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -50,22 +50,22 @@ func setGroupRecvBuffers(local netip.AddrPort, fd int, size int64) error {
 
 // setRecvBuffer gives the socket fd a receive buffer of size bytes: SO_RCVBUFFORCE, which a process with
 // CAP_NET_ADMIN (a node cache has it) may set beyond net.core.rmem_max, else SO_RCVBUF, which the kernel
-// caps at rmem_max. It returns what the kernel reports the buffer is (twice what it was asked for, the
-// kernel's own bookkeeping included) and an error that says why the buffer is smaller than asked, if it is.
-func setRecvBuffer(fd int, size int64) (int, error) {
+// caps at rmem_max. It reads the buffer back (the kernel reports twice what it was asked for, its own
+// bookkeeping included) and returns an error that says why it is smaller than asked, if it is.
+func setRecvBuffer(fd int, size int64) error {
 	forceErr := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, int(size))
 	if forceErr != nil {
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, int(size)); err != nil {
-			return 0, fmt.Errorf("set SO_RCVBUF to %d: %w", size, err)
+			return fmt.Errorf("set SO_RCVBUF to %d: %w", size, err)
 		}
 	}
 	got, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
 	if err != nil {
-		return 0, fmt.Errorf("read SO_RCVBUF: %w", err)
+		return fmt.Errorf("read SO_RCVBUF: %w", err)
 	}
 	if int64(got) < 2*size {
-		return got, fmt.Errorf("the kernel gave %d bytes of receive buffer for %d asked (SO_RCVBUFFORCE: %v; "+
+		return fmt.Errorf("the kernel gave %d bytes of receive buffer for %d asked (SO_RCVBUFFORCE: %v; "+
 			"SO_RCVBUF is capped at net.core.rmem_max)", got/2, size, forceErr)
 	}
-	return got, nil
+	return nil
 }
