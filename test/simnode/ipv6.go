@@ -119,6 +119,13 @@ type ipFamily struct {
 	kubeDNS, upstream, clusterDNSPod, podCIDR, serviceCIDR string
 }
 
+// ipv4Family and ipv6Family are the simulated cluster's two families.
+var ipv4Family = ipFamily{
+	nft: "ip", addrType: "ipv4_addr", prefixLen: 32,
+	kubeDNS: KubeDNSClusterIP, upstream: UpstreamClusterIP, clusterDNSPod: ClusterDNSPodIP,
+	podCIDR: ClusterCIDR, serviceCIDR: ServiceCIDR,
+}
+
 var ipv6Family = ipFamily{
 	nft: "ip6", addrType: "ipv6_addr", prefixLen: 128,
 	kubeDNS: KubeDNSClusterIP6, upstream: UpstreamClusterIP6, clusterDNSPod: ClusterDNSPodIP6,
@@ -135,13 +142,15 @@ func chainPart(ip string) (name, hash string) {
 }
 
 // kubeProxyIPTablesRules renders the nat rules of kube-proxy's iptables mode for the two DNS Services in
-// family f, laid out as installKubeProxyRules lays out IPv4's: the Service port chains have the same names
-// in both families (kube-proxy hashes the port's name and protocol), the endpoint chains do not.
+// family f: a rule per ClusterIP and port in KUBE-SERVICES, commented "NAMESPACE/NAME:PORT cluster IP",
+// jumping to the Service port's chain, which jumps to the endpoint's chain, which DNATs; masquerading by
+// mark. The Service port chains have the same names in both families (kube-proxy hashes the port's name and
+// protocol), the endpoint chains do not.
 func kubeProxyIPTablesRules(f ipFamily) string {
 	var rules strings.Builder
 	rules.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n")
 	_, hash := chainPart(f.clusterDNSPod)
-	sep := func(proto string) string { return "KUBE-SEP-" + strings.ToUpper(proto) + hash[len(hash)-8:] }
+	sep := func(proto string) string { return fmt.Sprintf("KUBE-SEP-%s%.16s", strings.ToUpper(proto), hash) }
 	for _, proto := range []string{"udp", "tcp"} {
 		fmt.Fprintf(&rules, ":%s - [0:0]\n", sep(proto))
 	}
@@ -175,8 +184,8 @@ func kubeProxyIPTablesRules(f ipFamily) string {
 }
 
 // kubeProxyNFTable renders kube-proxy's nftables-mode table of family f (pkg/proxy/nftables: one table per
-// family, `table ip kube-proxy` and `table ip6 kube-proxy`) for the two DNS Services, laid out as
-// installKubeProxyNFTables lays out IPv4's.
+// family, `table ip kube-proxy` and `table ip6 kube-proxy`) for the two DNS Services, each with the
+// cluster-DNS Pod as its one endpoint, over UDP and TCP.
 func kubeProxyNFTable(f ipFamily) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `table %[1]s kube-proxy {

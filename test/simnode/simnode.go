@@ -164,9 +164,9 @@ func newNode(t testing.TB, mode KubeProxyMode, setup *KubeProxySetup) *Node {
 	case setup != nil:
 		n.startKubeProxy(*setup)
 	case mode == NFTablesMode:
-		n.installKubeProxyNFTables()
+		n.applyNFT(kubeProxyNFTable(ipv4Family), "kube-proxy's nftables table")
 	default:
-		n.installKubeProxyRules()
+		n.applyRestore("iptables-restore", kubeProxyIPTablesRules(ipv4Family), "kube-proxy's iptables rules")
 	}
 	n.writePodResolvConf()
 	return n
@@ -194,95 +194,6 @@ var KubeProxyServiceChains = map[string]string{
 	"kube-system/kube-dns:dns-tcp":          "KUBE-SVC-ERIFXISQEP7F7OF4",
 	"kube-system/kube-dns-upstream:dns":     "KUBE-SVC-N5IPSSKZ3KE3JVRC",
 	"kube-system/kube-dns-upstream:dns-tcp": "KUBE-SVC-WQZ3LKXWNPLR4YB2",
-}
-
-// installKubeProxyRules writes nat rules shaped like kube-proxy's iptables mode for the two DNS Services:
-// a rule per ClusterIP and port in KUBE-SERVICES, commented "NAMESPACE/NAME:PORT cluster IP", jumping to
-// the Service port's chain, which jumps to the endpoint's chain, which DNATs; masquerading by mark.
-func (n *Node) installKubeProxyRules() {
-	var rules strings.Builder
-	rules.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n")
-	rules.WriteString(":KUBE-SEP-CLUSTERDNSUDP000 - [0:0]\n:KUBE-SEP-CLUSTERDNSTCP000 - [0:0]\n")
-	for _, chain := range KubeProxyServiceChains {
-		fmt.Fprintf(&rules, ":%s - [0:0]\n", chain)
-	}
-	rules.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
-	rules.WriteString("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
-	rules.WriteString("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n")
-	rules.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n")
-	rules.WriteString("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n")
-	rules.WriteString("-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n")
-	rules.WriteString("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE\n")
-	for _, svc := range []struct{ name, ip string }{{"kube-dns", KubeDNSClusterIP}, {"kube-dns-upstream", UpstreamClusterIP}} {
-		for _, port := range []struct{ name, proto string }{{"dns", "udp"}, {"dns-tcp", "tcp"}} {
-			name := "kube-system/" + svc.name + ":" + port.name
-			chain := KubeProxyServiceChains[name]
-			fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p %s -m comment --comment \"%s cluster IP\" -m %s --dport 53 -j %s\n",
-				svc.ip, port.proto, name, port.proto, chain)
-			fmt.Fprintf(&rules, "-A %s ! -s 10.244.0.0/16 -d %s/32 -p %s -m comment --comment \"%s cluster IP\" -m %s --dport 53 -j KUBE-MARK-MASQ\n",
-				chain, svc.ip, port.proto, name, port.proto)
-			fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s:53\" -j KUBE-SEP-CLUSTERDNS%s000\n",
-				chain, name, ClusterDNSPodIP, strings.ToUpper(port.proto))
-		}
-	}
-	for _, proto := range []string{"udp", "tcp"} {
-		sep := "KUBE-SEP-CLUSTERDNS" + strings.ToUpper(proto) + "000"
-		fmt.Fprintf(&rules, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ClusterDNSPodIP)
-		fmt.Fprintf(&rules, "-A %s -p %s -m %s -j DNAT --to-destination %s:53\n", sep, proto, proto, ClusterDNSPodIP)
-	}
-	rules.WriteString("COMMIT\n")
-	cmd := n.command(context.Background(), n.NodeNS, "iptables-restore", "--noflush")
-	cmd.Stdin = strings.NewReader(rules.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		n.t.Fatalf("simnode: installing kube-proxy rules: %v: %s", err, out)
-	}
-}
-
-// installKubeProxyNFTables writes kube-proxy's nftables-mode table (pkg/proxy/nftables) for the two DNS
-// Services, each with the cluster-DNS Pod as its one endpoint, over UDP and TCP.
-func (n *Node) installKubeProxyNFTables() {
-	var b strings.Builder
-	b.WriteString(`table ip kube-proxy {
-	comment "rules for kube-proxy"
-	set cluster-ips { type ipv4_addr; comment "Active ClusterIPs"; }
-	map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"; }
-	chain mark-for-masquerade { mark set mark or 0x4000; }
-	chain masquerading {
-		mark and 0x4000 == 0 return
-		mark set mark xor 0x4000
-		masquerade fully-random
-	}
-	chain services { ip daddr . meta l4proto . th dport vmap @service-ips; }
-	chain cluster-ips-check {
-		ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
-		ip daddr 10.96.0.0/16 drop comment "Drop traffic to unallocated ClusterIPs"
-	}
-	chain filter-forward { type filter hook forward priority -110; policy accept; ct state new jump cluster-ips-check; }
-	chain filter-output-post-dnat { type filter hook output priority -90; policy accept; ct state new jump cluster-ips-check; }
-	chain nat-prerouting { type nat hook prerouting priority dstnat; policy accept; jump services; }
-	chain nat-output { type nat hook output priority -100; policy accept; jump services; }
-	chain nat-postrouting { type nat hook postrouting priority srcnat; policy accept; jump masquerading; }
-`)
-	services := map[string]string{KubeDNSClusterIP: "kube-dns", UpstreamClusterIP: "kube-dns-upstream"}
-	elements := make([]string, 0, 4)
-	for _, ip := range []string{KubeDNSClusterIP, UpstreamClusterIP} {
-		for _, proto := range []string{"udp", "tcp"} {
-			name := fmt.Sprintf("kube-system/%s/%s/dns", services[ip], proto)
-			svcChain := "service-" + strings.ToUpper(proto) + "DNS" + strings.ReplaceAll(ip, ".", "") + "-" + name
-			epChain := "endpoint-" + strings.ToUpper(proto) + "EP" + strings.ReplaceAll(ip, ".", "") + "-" + name + "__" + ClusterDNSPodIP + "/53"
-			fmt.Fprintf(&b, "\tchain %s {\n\t\tip saddr %s jump mark-for-masquerade\n\t\tmeta l4proto %s dnat to %s:53\n\t}\n", epChain, ClusterDNSPodIP, proto, ClusterDNSPodIP)
-			fmt.Fprintf(&b, "\tchain %s {\n\t\tip daddr %s %s dport 53 ip saddr != 10.244.0.0/16 jump mark-for-masquerade\n\t\tnumgen random mod 1 vmap { 0 : goto %s }\n\t}\n", svcChain, ip, proto, epChain)
-			elements = append(elements, fmt.Sprintf("%s . %s . 53 : goto %s", ip, proto, svcChain))
-		}
-	}
-	b.WriteString("}\n")
-	fmt.Fprintf(&b, "add element ip kube-proxy cluster-ips { %s, %s }\n", KubeDNSClusterIP, UpstreamClusterIP)
-	fmt.Fprintf(&b, "add element ip kube-proxy service-ips { %s }\n", strings.Join(elements, ", "))
-	cmd := n.command(context.Background(), n.NodeNS, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(b.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		n.t.Fatalf("simnode: installing kube-proxy's nftables table: %v: %s", err, out)
-	}
 }
 
 // SetUpstreamEndpoint makes kube-proxy's rules send kube-dns-upstream's ClusterIP to ip:53 (UDP and TCP),
