@@ -73,7 +73,7 @@ func registerNodeCacheFlags(fs *flag.FlagSet) *nodeCacheFlags {
 	fs.BoolVar(&f.setupIptables, "setupiptables", true, "install the NOTRACK rules (notrack; false adds no_rules)")
 	fs.BoolVar(&f.skipTeardown, "skipteardown", false, "keep the interface and rules at exit (notrack skip_teardown)")
 	fs.BoolVar(&f.handover, "handover", true, "at exit, hand the node to the cluster DNS until the next start answers instead of removing the interface and rules (notrack handover): "+
-		"the kube-dns ClusterIP ($KUBE_DNS_SERVICE_HOST, when one of -localip) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP of their family ($<SERVICE>_SERVICE_HOST, and the other family's from the API); "+
+		"the kube-dns ClusterIPs ($KUBE_DNS_SERVICE_HOST when one of -localip, and the other family's from the API) back to kube-proxy, the other IPs diverted to the -upstreamsvc ClusterIP of their family ($<SERVICE>_SERVICE_HOST, and the other family's from the API); "+
 		"not an upstream flag; with -daemonset an uninstall removes everything instead, and -cleanup does otherwise")
 	fs.StringVar(&f.lockFile, "lockfile", "", "node-lock file that keeps a second cache off the node (notrack lock); not an upstream flag; default /run/nodelocaldns.lock")
 	fs.StringVar(&f.interfaceName, "interfacename", corefile.DefaultInterface, "name of the node-local interface (notrack interface)")
@@ -233,17 +233,15 @@ func (f *nodeCacheFlags) dropIn(fs *flag.FlagSet) (*corefile.DropIn, error) {
 
 // handoverAddresses turns the hand-over on and fills in its addresses from the variables Kubernetes gives
 // every container of kube-system: the kube-dns ClusterIP, when it is one of the local IPs, and the
-// ClusterIP of -upstreamsvc, where the other local IPs are diverted; on a dual-stack node the API gives the
-// -upstreamsvc ClusterIP of the other family, which no variable names (completeUpstream).
+// ClusterIP of -upstreamsvc, where the other local IPs are diverted; on a dual-stack node the API gives
+// the ClusterIPs of the other family, which no variable names (completeKubeDNS, completeUpstream).
 func (f *nodeCacheFlags) handoverAddresses(n *corefile.Notrack, localIPs []netip.Addr, getenv func(string) string) error {
 	n.Handover = true
-	if ip, err := netip.ParseAddr(getenv("KUBE_DNS_SERVICE_HOST")); err == nil {
-		for _, a := range localIPs {
-			if a == ip.Unmap() {
-				n.ServiceAddresses = append(n.ServiceAddresses, a)
-			}
-		}
+	lookup := f.clusterIPs
+	if lookup == nil {
+		lookup = apiClusterIPs(f.uninstall.kubeconfig)
 	}
+	n.ServiceAddresses = completeKubeDNS(context.Background(), localIPs, kubeDNSAddresses(localIPs, getenv), lookup)
 	from := serviceHostVar(f.upstreamSvc)
 	if v := getenv(from); v != "" {
 		ips, err := parseIPList(v)
@@ -251,10 +249,6 @@ func (f *nodeCacheFlags) handoverAddresses(n *corefile.Notrack, localIPs []netip
 			return fmt.Errorf("-handover: $%s: %w", from, err)
 		}
 		n.HandoverUpstream = ips
-	}
-	lookup := f.clusterIPs
-	if lookup == nil {
-		lookup = apiClusterIPs(f.uninstall.kubeconfig)
 	}
 	n.HandoverUpstream = completeUpstream(context.Background(), f.upstreamSvc, divertedAddrs(localIPs, n.ServiceAddresses), n.HandoverUpstream, lookup)
 	return nil

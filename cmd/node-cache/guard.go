@@ -112,20 +112,10 @@ func (g *guardFlags) guardConfig(fs *flag.FlagSet, nc *nodeCacheFlags, getenv fu
 	}
 	cfg.DNSPort = port
 
-	services := g.serviceIPs
-	if services == "" {
-		if ip, err := netip.ParseAddr(getenv("KUBE_DNS_SERVICE_HOST")); err == nil {
-			for _, a := range cfg.Addresses {
-				if a == ip.Unmap() {
-					services = ip.String()
-				}
-			}
-		}
-	}
-	if services != "" {
-		if cfg.ServiceAddresses, err = parseIPList(services); err != nil {
-			errs = append(errs, fmt.Errorf("-guard.serviceips: %w", err))
-		}
+	if g.serviceIPs == "" {
+		cfg.ServiceAddresses = kubeDNSAddresses(cfg.Addresses, getenv)
+	} else if cfg.ServiceAddresses, err = parseIPList(g.serviceIPs); err != nil {
+		errs = append(errs, fmt.Errorf("-guard.serviceips: %w", err))
 	}
 	upstream, from := g.upstreamIPs, "-guard.upstreamips"
 	if upstream == "" {

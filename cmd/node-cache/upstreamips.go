@@ -69,6 +69,57 @@ func completeUpstream(ctx context.Context, service string, divert, upstream []ne
 	return out
 }
 
+// kubeDNSService is the Service whose ClusterIP Pods are told to ask (kubelet's --cluster-dns), in
+// kube-system; Kubernetes names its primary family's in $KUBE_DNS_SERVICE_HOST.
+const kubeDNSService = "kube-dns"
+
+// kubeDNSAddresses returns those of local that are the kube-dns ClusterIP $KUBE_DNS_SERVICE_HOST names
+// (read through getenv): none in IPVS mode, where the ClusterIP is not a local address.
+func kubeDNSAddresses(local []netip.Addr, getenv func(string) string) []netip.Addr {
+	ip, err := netip.ParseAddr(getenv(serviceHostVar(kubeDNSService)))
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range local {
+		if a.Unmap() == ip.Unmap() {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// completeKubeDNS adds to services (kubeDNSAddresses: the primary family's kube-dns ClusterIP, when it
+// is a local address) the local addresses of the other family that are kube-dns ClusterIPs too, asking
+// lookup: on a dual-stack node in iptables mode the cache holds both ClusterIPs, and no variable names the
+// IPv6 one. Nothing is asked when the variable's ClusterIP is not local (IPVS mode: neither family's is)
+// or every local address is of its family. When the lookup fails, the other family's ClusterIP is treated
+// as a local address like the link-local one (diverted to kube-dns-upstream at a hand-over instead of
+// given back to kube-proxy: answered either way), and that is logged.
+func completeKubeDNS(ctx context.Context, local, services []netip.Addr, lookup clusterIPsFunc) []netip.Addr {
+	if len(services) == 0 || len(uncovered(local, services)) == 0 {
+		return services
+	}
+	ctx, cancel := context.WithTimeout(ctx, upstreamLookupTimeout)
+	defer cancel()
+	ips, noAPI, err := lookup(ctx, kubeDNSService)
+	if err == nil && ips == nil {
+		err = errors.New(noAPI)
+	}
+	if err != nil {
+		log.Warningf("asking for the ClusterIPs of Service %s that $%s does not name: %v; those of %v that are its ClusterIPs are diverted at a hand-over, as the link-local address is, instead of given back to kube-proxy",
+			kubeDNSService, serviceHostVar(kubeDNSService), err, uncovered(local, services))
+		return services
+	}
+	out := slices.Clone(services)
+	for _, a := range uncovered(local, services) {
+		if slices.ContainsFunc(ips, func(ip netip.Addr) bool { return ip.Unmap() == a.Unmap() }) {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
 // uncovered returns the addresses of addrs of a family that none of ips is of.
 func uncovered(addrs, ips []netip.Addr) []netip.Addr {
 	var out []netip.Addr

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nodelocaldns/nodelocaldns/corefile"
 )
 
 func addrList(s ...string) []netip.Addr {
@@ -73,5 +75,88 @@ func TestCompleteUpstream(t *testing.T) {
 				t.Errorf("warned %v, want %v:\n%s", warned, tc.warnings, logged.String())
 			}
 		})
+	}
+}
+
+// TestCompleteKubeDNS: on a dual-stack node in iptables mode both kube-dns ClusterIPs are local addresses,
+// and the one of the family $KUBE_DNS_SERVICE_HOST does not name comes from the API, so that a hand-over
+// gives both back to kube-proxy; nothing is asked in IPVS mode or on a single-stack node; a failed lookup
+// is logged and leaves the variable's address alone.
+func TestCompleteKubeDNS(t *testing.T) {
+	dualLocal := addrList("169.254.20.10", "fd00:169:254::10", "10.96.0.10", "fd00:10:96::a")
+	dualSvc := addrList("10.96.0.10", "fd00:10:96::a")
+	cases := []struct {
+		name            string
+		local, services []netip.Addr
+		api             []netip.Addr
+		noAPI           string
+		want            []netip.Addr
+		asked, warned   bool
+	}{
+		{name: "dual-stack, iptables mode", local: dualLocal, services: addrList("10.96.0.10"), api: dualSvc,
+			want: dualSvc, asked: true},
+		{name: "dual-stack, the variable names IPv6", local: dualLocal, services: addrList("fd00:10:96::a"), api: addrList("fd00:10:96::a", "10.96.0.10"),
+			want: addrList("fd00:10:96::a", "10.96.0.10"), asked: true},
+		{name: "dual-stack, IPVS mode", local: addrList("169.254.20.10", "fd00:169:254::10"), api: dualSvc},
+		{name: "single-stack", local: addrList("169.254.20.10", "10.96.0.10"), services: addrList("10.96.0.10"), api: dualSvc,
+			want: addrList("10.96.0.10")},
+		{name: "the other family's ClusterIP not local", local: addrList("169.254.20.10", "fd00:169:254::10", "10.96.0.10"),
+			services: addrList("10.96.0.10"), api: dualSvc, want: addrList("10.96.0.10"), asked: true},
+		{name: "no API", local: dualLocal, services: addrList("10.96.0.10"), noAPI: "no Kubernetes API",
+			want: addrList("10.96.0.10"), asked: true, warned: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			logged := captureLog(t)
+			asked := false
+			lookup := func(_ context.Context, service string) ([]netip.Addr, string, error) {
+				asked = true
+				if service != "kube-dns" {
+					t.Errorf("asked for Service %q", service)
+				}
+				if tc.noAPI != "" {
+					return nil, tc.noAPI, nil
+				}
+				return tc.api, "", nil
+			}
+			got := completeKubeDNS(context.Background(), tc.local, tc.services, lookup)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			if asked != tc.asked {
+				t.Errorf("asked the API: %v, want %v", asked, tc.asked)
+			}
+			if warned := strings.Contains(logged.String(), "instead of given back to kube-proxy"); warned != tc.warned {
+				t.Errorf("warned %v, want %v:\n%s", warned, tc.warned, logged.String())
+			}
+		})
+	}
+}
+
+// TestHandoverGivesBackBothKubeDNSClusterIPs: a dual-stack cache in iptables mode hands both kube-dns
+// ClusterIPs back to kube-proxy at exit and diverts only the link-local addresses (before, the IPv6
+// ClusterIP, which no variable names, was diverted to kube-dns-upstream).
+func TestHandoverGivesBackBothKubeDNSClusterIPs(t *testing.T) {
+	env := map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10", "KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11"}
+	api := map[string][]netip.Addr{
+		"kube-dns":          addrList("10.96.0.10", "fd00:10:96::a"),
+		"kube-dns-upstream": addrList("10.96.0.11", "fd00:10:96::b"),
+	}
+	f := &nodeCacheFlags{upstreamSvc: "kube-dns-upstream", clusterIPs: func(_ context.Context, service string) ([]netip.Addr, string, error) {
+		return api[service], "", nil
+	}}
+	var n corefile.Notrack
+	local := addrList("169.254.20.10", "fd00:169:254::10", "10.96.0.10", "fd00:10:96::a")
+	if err := f.handoverAddresses(&n, local, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if want := addrList("10.96.0.10", "fd00:10:96::a"); !slices.Equal(n.ServiceAddresses, want) {
+		t.Errorf("given back to kube-proxy: %v, want %v", n.ServiceAddresses, want)
+	}
+	if want := addrList("10.96.0.11", "fd00:10:96::b"); !slices.Equal(n.HandoverUpstream, want) {
+		t.Errorf("diverted to: %v, want %v", n.HandoverUpstream, want)
+	}
+	if got, want := divertedAddrs(local, n.ServiceAddresses), addrList("169.254.20.10", "fd00:169:254::10"); !slices.Equal(got, want) {
+		t.Errorf("diverted: %v, want %v", got, want)
 	}
 }

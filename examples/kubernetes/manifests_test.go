@@ -53,15 +53,20 @@ func TestManifests(t *testing.T) {
 				t.Errorf("DaemonSet runs as %q, the ServiceAccount is %q", pod.ServiceAccountName, sa.Name)
 			}
 
-			// RBAC: upstreamsvc lists and watches kube-dns-upstream in kube-system, the cache and the guard
-			// their own DaemonSet, nothing else.
+			// RBAC: upstreamsvc lists and watches kube-dns-upstream in kube-system, the cache kube-dns where it
+			// holds the kube-dns ClusterIP (its ClusterIPs of both families, for the hand-over), the cache and
+			// the guard their own DaemonSet, nothing else.
 			rb := objs.RoleBindings[0]
 			if rb.RoleRef.Name != objs.Roles[0].Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != sa.Name ||
 				rb.Subjects[0].Namespace != sa.Namespace {
 				t.Errorf("RoleBinding %+v does not bind the ServiceAccount to the Role", rb)
 			}
+			services := []string{"kube-dns-upstream"}
+			if m.Config.Mode != corefile.ModeIPVS {
+				services = append(services, "kube-dns")
+			}
 			wantRules := []rbacv1.PolicyRule{
-				{APIGroups: []string{""}, Resources: []string{"services"}, ResourceNames: []string{"kube-dns-upstream"}, Verbs: []string{"list", "watch"}},
+				{APIGroups: []string{""}, Resources: []string{"services"}, ResourceNames: services, Verbs: []string{"list", "watch"}},
 				{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds.Name}, Verbs: []string{"list", "watch"}},
 			}
 			if !reflect.DeepEqual(objs.Roles[0].Rules, wantRules) {

@@ -53,7 +53,8 @@ func setArg(args []string, flag, value string) []string {
 // addresses, each to kube-dns-upstream in its family, which takes the IPv6 ClusterIP from the API; SIGKILLed,
 // the guard fails the IPv6 link-local address open too. (Before the cache and the guard asked the API for
 // the other family's ClusterIP, the IPv6 addresses went undiverted, and every lookup to them in the gap was
-// lost.)
+// lost.) Both kube-dns ClusterIPs go back to kube-proxy: the IPv6 one, which no variable names, from the
+// API. (Before the cache asked, it diverted that one to kube-dns-upstream.)
 func TestDualStackManifest(t *testing.T) {
 	r := newEmulatedDualStackRig(t, simnode.IPTablesMode, true) // the API server of the test holds what the manifest reads
 	objs, err := manifests.Load(dualStackManifest)
@@ -73,7 +74,12 @@ func TestDualStackManifest(t *testing.T) {
 		t.Fatal("no kube-dns-upstream Service in the manifest")
 	}
 	upstream.Spec.ClusterIP, upstream.Spec.ClusterIPs = "127.96.0.11", []string{"127.96.0.11", simnode.UpstreamClusterIP6}
-	api := newManifestAPI(t, r, dualStackManifest, upstream)
+	// kube-dns, the cluster's, with a ClusterIP of each family too: the cache asks for the IPv6 one, which it
+	// holds and no variable names, so that its hand-over gives it back to kube-proxy.
+	kubeDNS := upstream.DeepCopy()
+	kubeDNS.Name = "kube-dns"
+	kubeDNS.Spec.ClusterIP, kubeDNS.Spec.ClusterIPs = "127.96.0.10", []string{"127.96.0.10", simnode.KubeDNSClusterIP6}
+	api := newManifestAPI(t, r, dualStackManifest, upstream, kubeDNS)
 
 	// The node's resolv.conf, as the cache sees it (dnsPolicy: Default).
 	netnsDir := filepath.Join("/etc/netns", r.n.NodeNS)
@@ -127,6 +133,12 @@ func TestDualStackManifest(t *testing.T) {
 	if out := r.cache.Output(); !strings.Contains(out, "handed the node to the cluster DNS") || !strings.Contains(out, simnode.LinkLocalIP6+" to "+simnode.UpstreamClusterIP6) {
 		t.Errorf("the cache did not hand the IPv6 link-local address to kube-dns-upstream's IPv6 ClusterIP:\n%s", out)
 	}
+	handed := handOverLine(r.cache.Output())
+	_, removed, _ := strings.Cut(handed, "jumps out, ")
+	removed, diverting, _ := strings.Cut(removed, " off ")
+	if !strings.Contains(removed, simnode.KubeDNSClusterIP6) || strings.Contains(diverting, simnode.KubeDNSClusterIP6+" to ") {
+		t.Errorf("the cache did not give the IPv6 kube-dns ClusterIP back to kube-proxy: %q", handed)
+	}
 	time.Sleep(3 * time.Second) // the gap of the rolling update
 	startCache()
 	r.checkNoLookupLost(stopLoad())
@@ -139,4 +151,14 @@ func TestDualStackManifest(t *testing.T) {
 	}
 	t.Logf("%s: %d lookups failed over %v after SIGKILL", linkLocal6, failed, span.Round(time.Millisecond))
 	r.checkDivertedInBothFamilies()
+}
+
+// handOverLine returns the line of a cache's log that says how it handed the node over, "" if none does.
+func handOverLine(log string) string {
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, "handed the node to the cluster DNS") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
 }
