@@ -267,7 +267,11 @@ func settleFastPath(t *testing.T, s *optionServer) *fastPath {
 	if !ok {
 		return nil
 	}
-	// The first query reached wirecache, which started the decision before the reply left.
+	// The first query reached wirecache, which started the decision before the reply left. It did so
+	// holding f.mu: taking the lock first orders that start before the wait, as the reply did (the race
+	// detector does not see what a network round trip orders).
+	f.mu.Lock()
+	f.mu.Unlock() //nolint:staticcheck // an empty critical section: it orders notice's start before the wait
 	f.starting.Wait()
 	f.mu.Lock()
 	fp := f.servers[s.server]
@@ -442,7 +446,15 @@ func TestChainServerIsCoreDNSs(t *testing.T) {
 	if !servers.IsValid() || servers.Kind() != reflect.Array || servers.Len() != 2 {
 		t.Fatalf("this CoreDNS version's server does not keep its miekg/dns servers where the test reads them")
 	}
+	// ServePacket set them holding the server's lock, which the test takes too before it reads them.
+	lock := reflect.ValueOf(srv).Elem().FieldByName("m")
+	if !lock.IsValid() || lock.Type() != reflect.TypeFor[sync.Mutex]() {
+		t.Fatalf("this CoreDNS version's server does not guard its miekg/dns servers with the lock the test takes")
+	}
+	mu := (*sync.Mutex)(lock.Addr().UnsafePointer())
+	mu.Lock()
 	theirs := (*dns.Server)(servers.Index(1).UnsafePointer())
+	mu.Unlock()
 
 	oursConn, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -459,6 +471,16 @@ func TestChainServerIsCoreDNSs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ours.Shutdown()
+
+	// ActivateAndServe filled in their defaults holding their miekg/dns server's lock, which the comparison
+	// holds too (ours are ordered by NotifyStartedFunc, which runs after).
+	theirsLock := reflect.ValueOf(theirs).Elem().FieldByName("lock")
+	if !theirsLock.IsValid() || theirsLock.Type() != reflect.TypeFor[sync.RWMutex]() {
+		t.Fatalf("this miekg/dns version's server does not guard its settings with the lock the test takes")
+	}
+	rw := (*sync.RWMutex)(theirsLock.Addr().UnsafePointer())
+	rw.RLock()
+	defer rw.RUnlock()
 
 	ignored := map[string]bool{"PacketConn": true, "Handler": true, "NotifyStartedFunc": true}
 	o, c := reflect.ValueOf(ours).Elem(), reflect.ValueOf(theirs).Elem()
