@@ -14,9 +14,8 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc"
 )
 
-// upstreamLookupTimeout bounds asking the API for the -upstreamsvc Service's ClusterIPs at start: an API
-// that does not answer costs the start this much, and the address families it would have given go
-// undiverted (logged).
+// upstreamLookupTimeout bounds each question to the API for a Service's ClusterIPs at start: an API that
+// does not answer costs the start this much, and what it would have given is logged as missing.
 const upstreamLookupTimeout = 5 * time.Second
 
 // clusterIPsFunc returns the ClusterIPs of Service service (in kube-system), primary family first; a nil
@@ -46,12 +45,7 @@ func completeUpstream(ctx context.Context, service string, divert, upstream []ne
 	if len(uncovered(divert, upstream)) == 0 {
 		return upstream
 	}
-	ctx, cancel := context.WithTimeout(ctx, upstreamLookupTimeout)
-	defer cancel()
-	ips, noAPI, err := lookup(ctx, service)
-	if err == nil && ips == nil {
-		err = errors.New(noAPI)
-	}
+	ips, err := askClusterIPs(ctx, lookup, service)
 	out := slices.Clone(upstream)
 	for _, ip := range ips {
 		if ip = ip.Unmap(); len(uncovered([]netip.Addr{ip}, out)) > 0 && len(uncovered(divert, []netip.Addr{ip})) < len(divert) {
@@ -67,6 +61,18 @@ func completeUpstream(ctx context.Context, service string, divert, upstream []ne
 			service, left, why)
 	}
 	return out
+}
+
+// askClusterIPs asks lookup for the ClusterIPs of Service service, for at most upstreamLookupTimeout; no API
+// to ask is an error saying why.
+func askClusterIPs(ctx context.Context, lookup clusterIPsFunc, service string) ([]netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(ctx, upstreamLookupTimeout)
+	defer cancel()
+	ips, noAPI, err := lookup(ctx, service)
+	if err == nil && ips == nil {
+		err = errors.New(noAPI)
+	}
+	return ips, err
 }
 
 // kubeDNSService is the Service whose ClusterIP Pods are told to ask (kubelet's --cluster-dns), in
@@ -100,12 +106,7 @@ func completeKubeDNS(ctx context.Context, local, services []netip.Addr, lookup c
 	if len(services) == 0 || len(uncovered(local, services)) == 0 {
 		return services
 	}
-	ctx, cancel := context.WithTimeout(ctx, upstreamLookupTimeout)
-	defer cancel()
-	ips, noAPI, err := lookup(ctx, kubeDNSService)
-	if err == nil && ips == nil {
-		err = errors.New(noAPI)
-	}
+	ips, err := askClusterIPs(ctx, lookup, kubeDNSService)
 	if err != nil {
 		log.Warningf("asking for the ClusterIPs of Service %s that $%s does not name: %v; those of %v that are its ClusterIPs are diverted at a hand-over, as the link-local address is, instead of given back to kube-proxy",
 			kubeDNSService, serviceHostVar(kubeDNSService), err, uncovered(local, services))

@@ -21,6 +21,28 @@ func addrList(s ...string) []netip.Addr {
 	return out
 }
 
+// fakeClusterIPs is an API that holds Service service with ClusterIPs ips, or that is not there (noAPI says
+// why) or fails (err); asked says whether it was asked.
+type fakeClusterIPs struct {
+	t       *testing.T
+	service string
+	ips     []netip.Addr
+	noAPI   string
+	err     error
+	asked   bool
+}
+
+func (f *fakeClusterIPs) lookup(_ context.Context, service string) ([]netip.Addr, string, error) {
+	f.asked = true
+	if service != f.service {
+		f.t.Errorf("asked for Service %q, want %q", service, f.service)
+	}
+	if f.noAPI != "" {
+		return nil, f.noAPI, nil
+	}
+	return f.ips, "", f.err
+}
+
 // TestCompleteUpstream: the kube-dns-upstream ClusterIP of a family the kubelet's variable does not name
 // comes from the API, for the families of the diverted addresses only; the API is not asked when nothing
 // is missing; a family the API cannot fill is logged and left out.
@@ -56,20 +78,13 @@ func TestCompleteUpstream(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			logged := captureLog(t)
-			asked := false
-			lookup := func(_ context.Context, service string) ([]netip.Addr, string, error) {
-				asked = true
-				if service != "kube-dns-upstream" {
-					t.Errorf("asked for Service %q", service)
-				}
-				return tc.api, tc.noAPI, tc.apiErr
-			}
-			got := completeUpstream(context.Background(), "kube-dns-upstream", tc.divert, tc.env, lookup)
+			api := &fakeClusterIPs{t: t, service: "kube-dns-upstream", ips: tc.api, noAPI: tc.noAPI, err: tc.apiErr}
+			got := completeUpstream(context.Background(), "kube-dns-upstream", tc.divert, tc.env, api.lookup)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
-			if asked != tc.asked {
-				t.Errorf("asked the API: %v, want %v", asked, tc.asked)
+			if api.asked != tc.asked {
+				t.Errorf("asked the API: %v, want %v", api.asked, tc.asked)
 			}
 			if warned := strings.Contains(logged.String(), "go undiverted"); warned != tc.warnings {
 				t.Errorf("warned %v, want %v:\n%s", warned, tc.warnings, logged.String())
@@ -108,23 +123,13 @@ func TestCompleteKubeDNS(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			logged := captureLog(t)
-			asked := false
-			lookup := func(_ context.Context, service string) ([]netip.Addr, string, error) {
-				asked = true
-				if service != "kube-dns" {
-					t.Errorf("asked for Service %q", service)
-				}
-				if tc.noAPI != "" {
-					return nil, tc.noAPI, nil
-				}
-				return tc.api, "", nil
-			}
-			got := completeKubeDNS(context.Background(), tc.local, tc.services, lookup)
+			api := &fakeClusterIPs{t: t, service: "kube-dns", ips: tc.api, noAPI: tc.noAPI}
+			got := completeKubeDNS(context.Background(), tc.local, tc.services, api.lookup)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
-			if asked != tc.asked {
-				t.Errorf("asked the API: %v, want %v", asked, tc.asked)
+			if api.asked != tc.asked {
+				t.Errorf("asked the API: %v, want %v", api.asked, tc.asked)
 			}
 			if warned := strings.Contains(logged.String(), "instead of given back to kube-proxy"); warned != tc.warned {
 				t.Errorf("warned %v, want %v:\n%s", warned, tc.warned, logged.String())
