@@ -481,9 +481,10 @@ func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool
 		}
 	}
 
-	for i := 0; i+1 < len(ttlAt); i += 2 {
+	for ; len(ttlAt) >= 2; ttlAt = ttlAt[2:] {
 		// Both forms carry every record's TTL as stored; out has it from the copy.
-		at := out[binary.BigEndian.Uint16(ttlAt[i:]):]
+		off := int(ttlAt[0])<<8 | int(ttlAt[1])
+		at := out[off : off+4]
 		ttl := binary.BigEndian.Uint32(at)
 		switch {
 		case fixed:
