@@ -25,7 +25,10 @@
 #            times in a row with NAMES_REPEAT=N, so that wirecache's repeats_only stores them too: full caches),
 #            at NAMES_RATE q/s
 #   peak     VmHWM after DURATION s of mixed load at RATE q/s: HOT_PERCENT % of queries for the first HOT of
-#            those names, the rest for names never asked before
+#            those names, the rest for names never asked before; the high-water mark is reset (clear_refs)
+#            when the mixed load starts, so this is the most the cache held under it
+#   early    VmHWM before that reset: the most it held while starting and taking the names (a node-cache
+#            build maps much of its binary while starting, until it unmaps it after the start)
 # and, from the cluster DNS's metrics (A queries asked), "fetched", how many of the NAMES names' queries
 # reached it, and "refetched", how many did when the same names were asked again, each once, right after
 # (before the mixed load).
@@ -163,7 +166,7 @@ echo
 echo "$NAMES names, then $DURATION s at $RATE q/s ($HOT_PERCENT % of queries for $HOT hot names, the rest new); $ROUNDS rounds"
 # anon: the anonymous part of RSS (heap, stacks) at start, after the names and at the end of the load; the
 # rest is the binary's pages.
-printf '%-6s %-9s %10s %10s %10s %10s %6s %8s %9s   %s\n' round variant "start MiB" "names MiB" "peak MiB" "mixed q/s" lost fetched refetched "(anon MiB)"
+printf '%-6s %-9s %10s %10s %10s %10s %10s %6s %8s %9s   %s\n' round variant "start MiB" "names MiB" "peak MiB" "early MiB" "mixed q/s" lost fetched refetched "(anon MiB)"
 read -r -a variants <<<"$VARIANTS"
 for round in $(seq 1 "$ROUNDS"); do
     n=${#variants[@]}
@@ -185,22 +188,24 @@ for round in $(seq 1 "$ROUNDS"); do
         names_lost=$((names_lost + lost))
         up2=$(clusterA)
         fetched=$((up1 - up0)) refetched=$((up2 - up1))
+        early_kib=$(kib "$cache_pid" VmHWM)
+        echo 5 >"/proc/$cache_pid/clear_refs" # resets VmHWM to VmRSS
         perf "$work/queries.mixed" -l "$DURATION" -Q "$RATE"
         peak_kib=$(kib "$cache_pid" VmHWM) end_anon=$(kib "$cache_pid" RssAnon)
         profile "$variant" "$round" peak
         simnode_stop "$variant"
-        printf '%-6s %-9s %10s %10s %10s %10s %6s %8s %9s   (%s %s %s)\n' "$round" "$variant" "$(mib "$start_kib")" \
-            "$(mib "$names_kib")" "$(mib "$peak_kib")" "$qps" $((names_lost + lost)) "$fetched" "$refetched" \
+        printf '%-6s %-9s %10s %10s %10s %10s %10s %6s %8s %9s   (%s %s %s)\n' "$round" "$variant" "$(mib "$start_kib")" \
+            "$(mib "$names_kib")" "$(mib "$peak_kib")" "$(mib "$early_kib")" "$qps" $((names_lost + lost)) "$fetched" "$refetched" \
             "$(mib "$start_anon")" "$(mib "$names_anon")" "$(mib "$end_anon")"
-        echo "$variant $start_kib $names_kib $peak_kib $refetched" >>"$results"
+        echo "$variant $start_kib $names_kib $peak_kib $refetched $early_kib" >>"$results"
     done
 done
 
 echo
 echo "median over $ROUNDS rounds (MiB):"
-printf '%-9s %10s %10s %10s %10s\n' variant start names peak refetched
+printf '%-9s %10s %10s %10s %10s %10s\n' variant start names peak early refetched
 for variant in "${variants[@]}"; do
     awk -v v="$variant" "$simnode_awk_median"'
-        $1 == v { n++; s[n] = $2; m[n] = $3; p[n] = $4; r[n] = $5 }
-        END { printf "%-9s %10.1f %10.1f %10.1f %10d\n", v, median(s, n) / 1024, median(m, n) / 1024, median(p, n) / 1024, median(r, n) }' "$results"
+        $1 == v { n++; s[n] = $2; m[n] = $3; p[n] = $4; r[n] = $5; e[n] = $6 }
+        END { printf "%-9s %10.1f %10.1f %10.1f %10.1f %10d\n", v, median(s, n) / 1024, median(m, n) / 1024, median(p, n) / 1024, median(e, n) / 1024, median(r, n) }' "$results"
 done

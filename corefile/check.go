@@ -62,11 +62,11 @@ const (
 )
 
 // The wirecache plugin's defaults (DefaultCapacity, DefaultMaxMemory), and a bound on its largest entry in
-// heap bytes (MinMaxMemory, about 12 KiB, which moves with the entry's fields). A test keeps them in step.
+// heap bytes (MinMaxMemory, about 10 KiB, which moves with the entry's fields). A test keeps them in step.
 const (
 	defaultWireCacheCapacity  = 10000
 	defaultWireCacheMaxMemory = 8 << 20
-	wireCacheMaxEntryBytes    = 13 << 10
+	wireCacheMaxEntryBytes    = 11 << 10
 )
 
 // CheckOptions tells Check about the node the Corefile will run on. Every field is optional; a check

@@ -261,7 +261,7 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 	for _, tc := range []struct{ options, want string }{
 		{"max_memory 1MiB", "at most 5 MiB of answers"},            // 4.5 MiB + 1 MiB
 		{"max_memory 33554432", "at most 36 MiB of answers"},       // 4.5 MiB + 32 MiB
-		{"capacity 100", "at most 5 MiB of answers"},               // 4.5 MiB + 100×13 KiB
+		{"capacity 100", "at most 5 MiB of answers"},               // 4.5 MiB + 100×11 KiB
 		{"capacity 100\n        max_memory 64Ki", "at most 4 MiB"}, // 4.5 MiB + 64 KiB
 	} {
 		changed := strings.Replace(string(out), "    wirecache {\n        capacity 19660\n        max_memory 7680KiB\n",

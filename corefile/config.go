@@ -124,7 +124,7 @@ type Cache struct {
 const DefaultCacheMemory = 12 << 20
 
 // MinCacheMemory is the least Cache.Memory: the smallest share, a sixteenth, must hold one entry of the
-// largest size wirecache stores (its MinMaxMemory, about 12 KiB).
+// largest size wirecache stores (its MinMaxMemory, about 10 KiB).
 const MinCacheMemory = 16 * wireCacheMaxEntryBytes
 
 // Clamp is the TTL window of cluster-domain answers, in seconds.

@@ -275,11 +275,11 @@ func sameApartFromTTL(got, want []byte) error {
 	if len(got) != len(want) {
 		return fmt.Errorf("lengths differ: %d and %d bytes\n got %x\nwant %x", len(got), len(want), got, want)
 	}
-	offsets, err := ttlOffsets(want)
+	offsets, err := ttlOffsetList(want)
 	if err != nil {
 		return fmt.Errorf("walking the reply without wirecache: %v", err)
 	}
-	gotOffsets, err := ttlOffsets(got)
+	gotOffsets, err := ttlOffsetList(got)
 	if err != nil {
 		return fmt.Errorf("walking the reply with wirecache: %v", err)
 	}

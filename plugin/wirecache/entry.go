@@ -38,59 +38,88 @@ const (
 	flagCD = 0x10 // in the fourth header byte
 )
 
-// form is one packed rendering of a stored answer, without an OPT record.
-type form struct {
-	wire []byte
-	// ttlAt holds the offset of the TTL field of every record in wire.
-	ttlAt []uint16
-}
+// form locates one packed rendering of a stored answer, without an OPT record, in its entry's data: the
+// answer's bytes in [at, ttlAt), then up to end the offset of the TTL field of each of its records, two bytes
+// each, big-endian. The zero form is no form.
+type form struct{ at, ttlAt, end uint16 }
 
 // entry is an answer packed once by the plugin chain's rules and replayed to every matching query until
 // it expires. Its answer is never modified after it is built, so hits read it without locking; only its
-// atomic marks change.
+// atomic marks change. Everything of variable size is in one allocation (data), and the fields are packed,
+// so that an entry costs two allocations besides the store's map slot.
 type entry struct {
-	// key is the lowered question name, type, class and key flags the entry answers (see queryKey).
-	key string
-	// qname is the question name as the stored answer spells it; qnameEnd is the offset just past it.
-	qname    string
-	qnameEnd int
+	// data holds, one after another: the key (the lowered question name, type, class and key flags the
+	// entry answers, see queryKey), the question name as the stored answer spells it when that differs from
+	// the key's name, the plain form and the compressed form when it is not the plain one.
+	data []byte
 
-	plain form
-	// compressed is set when an answer of this size can need compression (it is then plain's bytes
-	// when compression saves nothing); nil otherwise.
-	compressed *form
-	// ttls holds the TTL of every record as stored, in the order of ttlAt.
-	ttls []uint32
+	// stored is when the entry was stored, as the time since clockBase (a time.Time would take 24 bytes,
+	// one of them a pointer); lifetime is how long after that it is fresh.
+	stored   time.Duration
+	lifetime time.Duration
+
+	// refresh is set while a query of the expired entry asks the chain in the background (serve_stale's
+	// WAIT), so that one refresh at a time runs for it, and its channel is closed when that refresh ends, for
+	// the queries that wait on it; asked counts the lookups that found the entry, up to maxAsked, less one
+	// for each time every protected entry of its shard lost one (see shard.victim).
+	refresh atomic.Pointer[chan struct{}]
+	asked   atomic.Uint32
+
 	// ttlFloor is the least TTL a hit serves: the MIN of the clamp window the answer belongs to when the
 	// block's clamp applies to it, 0 otherwise. Set before the entry is stored.
 	ttlFloor uint32
-	// rcode is the answer's (NOERROR or NXDOMAIN); metricsZone is the index of the zone the block's
-	// prometheus plugin labels its query with (see metricsZone), set before the entry is stored when hits
-	// are counted in CoreDNS's series.
-	rcode       int
-	metricsZone int
-	// chainLen is the length of the chain's reply as the prometheus plugin measures it (dns.Msg.Len before
-	// the server adds the client's OPT, truncates or compresses it), set with metricsZone.
-	chainLen int
-
-	// optFromChain is set when the chain's answer carried its own OPT record; CoreDNS then keeps that
-	// record's flags (optTTL) instead of echoing the client's.
-	optFromChain bool
-	optTTL       uint32
-
-	stored  time.Time
-	expires time.Time
-
+	// optTTL holds the flags of the chain's own OPT record when it carried one (optFromChain): CoreDNS then
+	// keeps those instead of echoing the client's.
+	optTTL uint32
 	// bytes is the memory the entry holds, as the store counts it against its budget (see footprint).
-	bytes int64
+	bytes uint32
+	// metricsZone is the index of the zone the block's prometheus plugin labels its query with (see
+	// metricsZone), set before the entry is stored when hits are counted in CoreDNS's series; chainLen is the
+	// length of the chain's reply as the prometheus plugin measures it (dns.Msg.Len before the server adds
+	// the client's OPT, truncates or compresses it), set with metricsZone.
+	metricsZone int32
+	chainLen    int32
 
-	// asked counts the lookups that found the entry, up to maxAsked, less one for each time every protected
-	// entry of its shard lost one (see shard.victim); refresh is set while a query of the expired entry asks
-	// the chain in the background (serve_stale's WAIT), so that one refresh at a time runs for it, and its
-	// channel is closed when that refresh ends, for the queries that wait on it.
-	asked   atomic.Uint32
-	refresh atomic.Pointer[chan struct{}]
+	// keyEnd ends the key in data; the question name as stored is data[nameAt:nameEnd] (within the key when
+	// it is spelled as the key's lowered name), and qnameEnd is the offset just past it in the packed answer.
+	keyEnd, nameAt, nameEnd, qnameEnd uint16
+	plain                             form
+	// compressed is set when an answer of this size can need compression (it is then plain when compression
+	// saves nothing); the zero form otherwise.
+	compressed form
+
+	optFromChain bool
+	// rcode is the answer's (NOERROR or NXDOMAIN).
+	rcode uint8
 }
+
+// key returns the key e answers.
+func (e *entry) key() []byte { return e.data[:e.keyEnd:e.keyEnd] }
+
+// qname returns the question name as the stored answer spells it.
+func (e *entry) qname() []byte { return e.data[e.nameAt:e.nameEnd:e.nameEnd] }
+
+// wire returns the packed answer of the form f.
+func (e *entry) wire(f form) []byte { return e.data[f.at:f.ttlAt:f.ttlAt] }
+
+// ttlOffsets returns the offsets of the TTL fields of the form f, two bytes each.
+func (e *entry) ttlOffsets(f form) []byte { return e.data[f.ttlAt:f.end:f.end] }
+
+// hasCompressed reports whether e keeps a compressed form.
+func (e *entry) hasCompressed() bool { return e.compressed.end != 0 }
+
+// clockBase is the instant entries count their time from (entry.stored), read once; with both readings
+// taken from time.Now the differences use the monotonic clock.
+var clockBase = time.Now()
+
+// age returns how long before now e was stored.
+func (e *entry) age(now time.Time) time.Duration { return now.Sub(clockBase) - e.stored }
+
+// expired reports whether e's lifetime has run out at now.
+func (e *entry) expired(now time.Time) bool { return e.age(now) >= e.lifetime }
+
+// staleBeyond reports whether e expired more than d before now.
+func (e *entry) staleBeyond(now time.Time, d time.Duration) bool { return e.age(now) >= e.lifetime+d }
 
 // Reasons an answer is not stored. They are never shown to clients; tests check them.
 var (
@@ -129,7 +158,7 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{key: key, qname: mq.Name, stored: now, rcode: m.Rcode}
+	e := &entry{stored: now.Sub(clockBase), rcode: uint8(m.Rcode)} // #nosec G115 -- NOERROR or NXDOMAIN
 	if opt != nil {
 		// The server keeps an OPT the chain wrote, sets the client's payload size, clears the extended
 		// RCODE and version, keeps the flags and adds DO when the client set it. Options would be kept
@@ -144,77 +173,108 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 		}
 	}
 
-	lifetime, err := lifetimeOf(m, extra, minTTL, maxTTL)
-	if err != nil {
+	if e.lifetime, err = lifetimeOf(m, extra, minTTL, maxTTL); err != nil {
 		return nil, err
 	}
-	e.expires = now.Add(lifetime)
 
 	// Pack a shallow copy without the OPT record: the records are shared with the writer of m and only read.
 	bare := *m
 	bare.Extra = extra
 	bare.Compress = false
-	plain, err := packForm(&bare)
+	plain, err := bare.Pack()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("packing the answer: %w", err)
 	}
-	if len(plain.wire) > maxEntryWire {
+	if len(plain) > maxEntryWire {
 		return nil, errTooLarge
 	}
-	if want := len(m.Answer) + len(m.Ns) + len(extra); len(plain.ttlAt) != want {
-		return nil, fmt.Errorf("%w: %d records packed, %d expected", errMalformedWire, len(plain.ttlAt), want)
-	}
-	e.plain = plain
-	e.ttls = make([]uint32, len(plain.ttlAt))
-	for i, off := range plain.ttlAt {
-		e.ttls[i] = binary.BigEndian.Uint32(plain.wire[off:])
-	}
-	if e.qnameEnd, err = skipName(plain.wire, headerLen); err != nil {
+	records := len(m.Answer) + len(m.Ns) + len(extra)
+	qnameEnd, err := skipName(plain, headerLen)
+	if err != nil {
 		return nil, err
 	}
 
 	// Every reason CoreDNS compresses a reply (it does not fit, or a UDP reply above 1220 or 1480 bytes)
 	// needs a reply longer than the smallest buffer, so smaller answers never need the compressed form.
-	if len(plain.wire)+optLen > udpMinSize {
+	var compressed []byte
+	if len(plain)+optLen > udpMinSize {
 		bare.Compress = true
-		compressed, err := packForm(&bare)
-		if err != nil {
-			return nil, err
+		if compressed, err = bare.Pack(); err != nil {
+			return nil, fmt.Errorf("packing the answer compressed: %w", err)
 		}
-		if len(compressed.ttlAt) != len(plain.ttlAt) {
-			return nil, fmt.Errorf("%w: compressed form has %d records, plain %d", errMalformedWire, len(compressed.ttlAt), len(plain.ttlAt))
-		}
-		if string(compressed.wire) == string(plain.wire) {
+		if string(compressed) == string(plain) {
 			compressed = plain
 		}
-		e.compressed = &compressed
+	}
+
+	// One allocation of exactly the size needed: the key, the name when the key does not start with it as
+	// the answer spells it (a client that asked in other case than the answer's), the forms.
+	name := mq.Name
+	if len(key) == len(name)+5 && strings.HasPrefix(key, name) { // the name, type, class and flags
+		name = ""
+	}
+	size := len(key) + len(name) + len(plain) + 2*records
+	if compressed != nil && &compressed[0] != &plain[0] {
+		size += len(compressed) + 2*records
+	}
+	e.data = make([]byte, 0, size)
+	e.data = append(e.data, key...)
+	e.data = append(e.data, name...)
+	// #nosec G115 -- the key and the name are at most keyLen and maxKeyName long
+	e.keyEnd, e.nameAt, e.nameEnd = uint16(len(key)), 0, uint16(len(mq.Name))
+	if name != "" {
+		e.nameAt, e.nameEnd = e.keyEnd, uint16(len(e.data)) // #nosec G115 -- as above
+	}
+	if e.plain, err = e.appendForm(plain, records); err != nil {
+		return nil, err
+	}
+	e.qnameEnd = uint16(qnameEnd) // #nosec G115 -- within plain, at most maxEntryWire long
+	switch {
+	case compressed == nil:
+	case &compressed[0] == &plain[0]:
+		e.compressed = e.plain
+	default:
+		if e.compressed, err = e.appendForm(compressed, records); err != nil {
+			return nil, fmt.Errorf("compressed form: %w", err)
+		}
 	}
 	e.bytes = e.footprint()
 	return e, nil
 }
 
+// appendForm appends wire, a packed answer of records records besides an OPT, and the offsets of its
+// TTL fields to e.data, and returns where they are.
+func (e *entry) appendForm(wire []byte, records int) (form, error) {
+	f := form{at: uint16(len(e.data))} // #nosec G115 -- data is at most maxEntryBytes long
+	e.data = append(e.data, wire...)
+	f.ttlAt = uint16(len(e.data)) // #nosec G115 -- as above
+	var err error
+	if e.data, err = appendTTLOffsets(e.data, wire); err != nil {
+		return form{}, err
+	}
+	f.end = uint16(len(e.data)) // #nosec G115 -- as above
+	if got := int(f.end-f.ttlAt) / 2; got != records {
+		return form{}, fmt.Errorf("%w: %d records packed, %d expected", errMalformedWire, got, records)
+	}
+	return f, nil
+}
+
 // Bounds on what one entry holds, for the store's byte budget: a record takes at least 11 bytes (root owner,
-// type, class, TTL, RDLENGTH), and a packed form's buffer is one byte longer than the uncompressed answer.
+// type, class, TTL, RDLENGTH), and its TTL's offset two more in each form.
 const (
 	maxEntryRecords = (maxEntryWire - headerLen) / 11
-	// entryOverhead is what an entry holds besides its variable parts: the entry itself, the compressed
-	// form's header, the store's map slot and the allocator's rounding of the five to eight allocations.
-	// BenchmarkEntryMemory: counted 560, 583 and 6717 bytes where the heap grew by 423, 454 and 6654.
-	entryOverhead = int64(unsafe.Sizeof(entry{})+unsafe.Sizeof(form{})) + 96
+	// entryOverhead is what an entry holds besides its data: the entry itself, the store's map slot and the
+	// allocator's rounding of the two allocations. BenchmarkEntryMemory: counted 318, 341 and 5518 bytes
+	// where the heap grew by 302, 334 and 5502.
+	entryOverhead = int64(unsafe.Sizeof(entry{})) + 48
 	// maxEntryBytes is the largest footprint an entry can have.
-	maxEntryBytes = entryOverhead + keyLen + maxKeyName + 2*(maxEntryWire+1+2*maxEntryRecords) + 4*maxEntryRecords
+	maxEntryBytes = entryOverhead + keyLen + maxKeyName + 2*(maxEntryWire+2*maxEntryRecords)
 )
 
 // footprint returns the heap bytes e holds: what the store counts against its budget.
-func (e *entry) footprint() int64 {
-	n := entryOverhead + int64(len(e.key)+len(e.qname)+4*cap(e.ttls)) + e.plain.footprint()
-	if e.compressed != nil && &e.compressed.wire[0] != &e.plain.wire[0] {
-		n += e.compressed.footprint()
-	}
-	return n
+func (e *entry) footprint() uint32 {
+	return uint32(entryOverhead) + uint32(cap(e.data)) // #nosec G115 -- at most maxEntryBytes
 }
-
-func (f *form) footprint() int64 { return int64(cap(f.wire) + 2*cap(f.ttlAt)) }
 
 // splitOPT returns the additional section without its OPT record, and that record. An OPT that is not the
 // last record, a second OPT, or a TSIG or SIG(0) record makes the answer unfit for storing.
@@ -287,22 +347,10 @@ func findSOA(ns []dns.RR) *dns.SOA {
 	return nil
 }
 
-// packForm packs m and finds the TTL field of each of its records.
-func packForm(m *dns.Msg) (form, error) {
-	wire, err := m.Pack()
-	if err != nil {
-		return form{}, fmt.Errorf("packing the answer: %w", err)
-	}
-	ttlAt, err := ttlOffsets(wire)
-	if err != nil {
-		return form{}, err
-	}
-	return form{wire: wire, ttlAt: ttlAt}, nil
-}
-
-// ttlOffsets returns the offset of the TTL field of every record in the packed message msg, except OPT
-// records, whose TTL field holds the extended RCODE, the EDNS version and flags.
-func ttlOffsets(msg []byte) ([]uint16, error) {
+// appendTTLOffsets appends to dst the offset of the TTL field of every record in the packed message msg,
+// two bytes each, big-endian, except OPT records, whose TTL field holds the extended RCODE, the EDNS version
+// and flags.
+func appendTTLOffsets(dst, msg []byte) ([]byte, error) {
 	if len(msg) < headerLen || len(msg) > dns.MaxMsgSize {
 		return nil, errMalformedWire
 	}
@@ -316,7 +364,6 @@ func ttlOffsets(msg []byte) ([]uint16, error) {
 		}
 		off += 4 // type, class
 	}
-	offsets := make([]uint16, 0, rrs)
 	for range rrs {
 		if off, err = skipName(msg, off); err != nil {
 			return nil, err
@@ -325,14 +372,14 @@ func ttlOffsets(msg []byte) ([]uint16, error) {
 			return nil, errMalformedWire
 		}
 		if binary.BigEndian.Uint16(msg[off:]) != dns.TypeOPT {
-			offsets = append(offsets, uint16(off+4)) // #nosec G115 -- off < len(msg) <= 65535
+			dst = binary.BigEndian.AppendUint16(dst, uint16(off+4)) // #nosec G115 -- off < len(msg) <= 65535
 		}
 		off += 10 + int(binary.BigEndian.Uint16(msg[off+8:]))
 	}
 	if off != len(msg) {
 		return nil, errMalformedWire
 	}
-	return offsets, nil
+	return dst, nil
 }
 
 // skipName returns the offset just past the domain name that starts at off in msg.
@@ -368,12 +415,13 @@ type client struct {
 // render writes into buf the reply CoreDNS's server would write for q from this entry at time now, and
 // returns it. ok is false when the entry cannot give that reply: it has expired, the reply would need
 // truncation, or compression would depend on the case of the question name (see below). buf must be at
-// least len(plain.wire)+optLen long.
+// least len(e.wire(e.plain))+optLen long.
 func (e *entry) render(buf []byte, q *query, c client, now time.Time) (out []byte, ok bool) {
-	if !now.Before(e.expires) {
+	age := e.age(now)
+	if age >= e.lifetime {
 		return nil, false
 	}
-	elapsed := uint32(now.Sub(e.stored) / time.Second) // #nosec G115 -- bounded by the lifetime, at most maxTTL
+	elapsed := uint32(age / time.Second) // #nosec G115 -- bounded by the lifetime, at most maxTTL
 	return e.write(buf, q, c, elapsed, false, 0)
 }
 
@@ -395,26 +443,27 @@ func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool
 	if !c.tcp {
 		size = max(int(q.udpSize), udpMinSize)
 	}
-	l := len(e.plain.wire) + extra
+	plain := e.wire(e.plain)
+	l := len(plain) + extra
 	compress := l > size
 	if !compress && !c.tcp {
 		compress = (!c.v6 && l > udpCompressAboveV4) || (c.v6 && l > udpCompressAboveV6)
 	}
 
-	f := &e.plain
-	sameCase := q.name == e.qname
+	wire, ttlAt := plain, e.ttlOffsets(e.plain)
+	sameCase := q.name == string(e.qname())
 	if compress {
 		// Name compression matches names case-sensitively, so the pointers CoreDNS would write depend on
 		// how the client spelled the question. Only a client that spelled it as stored gets these bytes.
-		if e.compressed == nil || !sameCase || len(e.compressed.wire)+extra > size {
+		if !e.hasCompressed() || !sameCase || int(e.compressed.ttlAt-e.compressed.at)+extra > size {
 			return nil, false
 		}
-		f = e.compressed
+		wire, ttlAt = e.wire(e.compressed), e.ttlOffsets(e.compressed)
 	}
 
-	n := len(f.wire)
+	n := len(wire)
 	out = buf[:n+extra]
-	copy(out, f.wire)
+	copy(out, wire)
 	binary.BigEndian.PutUint16(out[0:], q.id)
 	out[2] &^= flagRD
 	if q.rd {
@@ -427,13 +476,16 @@ func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool
 	if !sameCase {
 		// The same name in other case packs to the same length without compression.
 		end, err := dns.PackDomainName(q.name, out, headerLen, nil, false)
-		if err != nil || end != e.qnameEnd {
+		if err != nil || end != int(e.qnameEnd) {
 			return nil, false
 		}
 	}
 
-	for i, at := range f.ttlAt {
-		ttl := e.ttls[i]
+	for ; len(ttlAt) >= 2; ttlAt = ttlAt[2:] {
+		// Both forms carry every record's TTL as stored; out has it from the copy.
+		off := int(ttlAt[0])<<8 | int(ttlAt[1])
+		at := out[off : off+4]
+		ttl := binary.BigEndian.Uint32(at)
 		switch {
 		case fixed:
 			ttl = fixedTTL
@@ -444,7 +496,7 @@ func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool
 		}
 		// clamp, behind wirecache, raises the TTLs of a cache hit to its MIN; a wirecache hit must not
 		// count below what the chain would serve.
-		binary.BigEndian.PutUint32(out[at:], max(ttl, e.ttlFloor))
+		binary.BigEndian.PutUint32(at, max(ttl, e.ttlFloor))
 	}
 
 	if q.edns {
@@ -466,5 +518,6 @@ func (e *entry) write(buf []byte, q *query, c client, elapsed uint32, fixed bool
 // positive reports whether e is a NOERROR answer with records in its answer section (ANCOUNT, bytes 6-7
 // of the header).
 func (e *entry) positive() bool {
-	return e.rcode == dns.RcodeSuccess && len(e.plain.wire) >= headerLen && binary.BigEndian.Uint16(e.plain.wire[6:8]) > 0
+	plain := e.wire(e.plain)
+	return e.rcode == dns.RcodeSuccess && len(plain) >= headerLen && binary.BigEndian.Uint16(plain[6:8]) > 0
 }

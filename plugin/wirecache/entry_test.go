@@ -39,10 +39,10 @@ func render(t *testing.T, e *entry, req *dns.Msg, c client, now time.Time) ([]by
 	if !ok {
 		t.Fatalf("query %v is not eligible", req.Question)
 	}
-	if string(key[:n]) != e.key {
-		t.Fatalf("query key %q differs from entry key %q", key[:n], e.key)
+	if string(key[:n]) != string(e.key()) {
+		t.Fatalf("query key %q differs from entry key %q", key[:n], e.key())
 	}
-	out, ok := e.render(make([]byte, len(e.plain.wire)+optLen), &q, c, now)
+	out, ok := e.render(make([]byte, len(e.wire(e.plain))+optLen), &q, c, now)
 	return bytes.Clone(out), ok
 }
 
@@ -72,7 +72,7 @@ func TestTTLOffsets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		offsets, err := ttlOffsets(wire)
+		offsets, err := ttlOffsetList(wire)
 		if err != nil {
 			t.Fatalf("compress=%v: %v", compress, err)
 		}
@@ -84,11 +84,11 @@ func TestTTLOffsets(t *testing.T) {
 			t.Errorf("compress=%v: TTLs at the offsets are %v, want %v (OPT skipped)", compress, got, want)
 		}
 	}
-	if _, err := ttlOffsets([]byte{1, 2, 3}); err == nil {
+	if _, err := appendTTLOffsets(nil, []byte{1, 2, 3}); err == nil {
 		t.Error("a 3-byte message was walked")
 	}
 	wire, _ := m.Pack()
-	if _, err := ttlOffsets(wire[:len(wire)-1]); err == nil {
+	if _, err := appendTTLOffsets(nil, wire[:len(wire)-1]); err == nil {
 		t.Error("a message one byte short was walked")
 	}
 }
@@ -395,7 +395,7 @@ func TestNewEntryRefuses(t *testing.T) {
 	m := z.reply(req)
 	m.Answer[1].Header().Ttl = 0
 	e, _ := mustEntry(t, req, m, 5*time.Second, time.Hour)
-	if got := e.expires.Sub(t0); got != 5*time.Second {
+	if got := e.lifetime; got != 5*time.Second {
 		t.Errorf("lifetime %v, want MIN 5s", got)
 	}
 }
@@ -421,7 +421,7 @@ func TestLifetime(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			req := newQuery(tc.qname, tc.qtype, 0, false)
 			e, _ := mustEntry(t, req, z.reply(req), tc.min, tc.max)
-			if got := e.expires.Sub(e.stored); got != tc.want {
+			if got := e.lifetime; got != tc.want {
 				t.Errorf("lifetime %v, want %v", got, tc.want)
 			}
 		})

@@ -177,7 +177,7 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain boo
 	if e == nil {
 		return false, true
 	}
-	need := len(e.plain.wire) + optLen
+	need := len(e.wire(e.plain)) + optLen
 	if cap(r.arena)-len(r.arena) < need {
 		r.flush()
 	}
@@ -192,8 +192,8 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain boo
 	m.hits.Inc()
 	if m.core != nil {
 		m.core.count(&hit{
-			zone: e.metricsZone, v6: r.fp.v6, do: q.do(), qtype: q.qtype, rcode: e.rcode,
-			reqSize: len(b), respSize: e.chainLen, start: now,
+			zone: int(e.metricsZone), v6: r.fp.v6, do: q.do(), qtype: q.qtype, rcode: int(e.rcode),
+			reqSize: len(b), respSize: int(e.chainLen), start: now,
 		})
 	}
 	r.arena = r.arena[:len(r.arena)+len(out)]

@@ -2,6 +2,7 @@ package wirecache
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"strings"
@@ -196,4 +197,17 @@ func newQuery(name string, qtype uint16, size uint16, do bool) *dns.Msg {
 		m.SetEdns0(size, do)
 	}
 	return m
+}
+
+// ttlOffsetList returns the offsets of the TTL fields of the packed message msg (see appendTTLOffsets).
+func ttlOffsetList(msg []byte) ([]int, error) {
+	b, err := appendTTLOffsets(nil, msg)
+	if err != nil {
+		return nil, err
+	}
+	offsets := make([]int, 0, len(b)/2)
+	for i := 0; i < len(b); i += 2 {
+		offsets = append(offsets, int(binary.BigEndian.Uint16(b[i:])))
+	}
+	return offsets, nil
 }

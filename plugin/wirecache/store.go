@@ -85,7 +85,7 @@ func (s *store) get(h uint64, key []byte) *entry {
 	sh.mu.RLock()
 	e := sh.items[h]
 	sh.mu.RUnlock()
-	if e == nil || e.key != string(key) {
+	if e == nil || string(e.key()) != string(key) {
 		return nil
 	}
 	if asked := e.asked.Load(); asked < maxAsked { // a hot entry is written once per eviction, not per hit
@@ -100,7 +100,7 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 	sh := &s.shards[h&s.mask]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e.bytes > sh.byteLimit {
+	if int64(e.bytes) > sh.byteLimit {
 		return false
 	}
 	if old, ok := sh.items[h]; ok {
@@ -111,16 +111,16 @@ func (s *store) add(h uint64, e *entry, now time.Time) (evicted bool) {
 		// Asked for again after an eviction: this ask counts too.
 		e.asked.Store(min(asked+1, maxAsked))
 	}
-	for len(sh.items) >= sh.limit || sh.bytes+e.bytes > sh.byteLimit {
+	for len(sh.items) >= sh.limit || sh.bytes+int64(e.bytes) > sh.byteLimit {
 		victim := sh.victim(now)
 		s.ghosts[victim&s.ghostMask].Store(victim&^(1<<askBits-1) | uint64(sh.items[victim].asked.Load()))
 		s.drop(sh, victim, nil)
 		evicted = true
 	}
 	sh.items[h] = e
-	sh.bytes += e.bytes
+	sh.bytes += int64(e.bytes)
 	s.count.Add(1)
-	s.bytes.Add(e.bytes)
+	s.bytes.Add(int64(e.bytes))
 	return evicted
 }
 
@@ -137,7 +137,7 @@ func (sh *shard) victim(now time.Time) uint64 {
 	victim, found, probes := uint64(0), false, 0
 	for k, e := range sh.items { // map iteration starts at a random entry
 		probes++
-		if !now.Before(e.expires) {
+		if e.expired(now) {
 			return k
 		}
 		if !found && e.asked.Load() < protectedAsks {
@@ -176,9 +176,9 @@ func (s *store) drop(sh *shard, h uint64, e *entry) {
 		e = sh.items[h]
 	}
 	delete(sh.items, h)
-	sh.bytes -= e.bytes
+	sh.bytes -= int64(e.bytes)
 	s.count.Add(-1)
-	s.bytes.Add(-e.bytes)
+	s.bytes.Add(-int64(e.bytes))
 }
 
 // remove deletes the entry under h if it is still e, so a fresher entry stored meanwhile survives.

@@ -3,6 +3,7 @@ package wirecache
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,8 +13,9 @@ import (
 // plenty is a byte budget no test entry comes near.
 const plenty = 1 << 30
 
+// testEntry returns an entry with only a key, counting bytes, fresh until expires.
 func testEntry(name string, bytes int64, expires time.Time) *entry {
-	return &entry{key: name, expires: expires, bytes: bytes}
+	return &entry{data: []byte(name), keyEnd: uint16(len(name)), stored: expires.Sub(clockBase) - time.Hour, lifetime: time.Hour, bytes: uint32(bytes)}
 }
 
 func TestStoreCapacity(t *testing.T) {
@@ -72,7 +74,7 @@ func TestStoreByteBudget(t *testing.T) {
 		for i := range s.shards {
 			var inShard int64
 			for _, e := range s.shards[i].items {
-				inShard += e.bytes
+				inShard += int64(e.bytes)
 			}
 			if inShard != s.shards[i].bytes {
 				t.Errorf("budget %d: shard %d counts %d bytes, holds %d", budget, i, s.shards[i].bytes, inShard)
@@ -177,6 +179,34 @@ func TestStoreEvictsForBytes(t *testing.T) {
 
 // TestFootprint checks the byte count of real entries against their parts, and that the bound every store
 // is sized for holds for the largest answer stored.
+// TestEntryData: an entry keeps its key, its packed answer and the TTL offsets in one allocation of exactly
+// their size, with the question name as the answer spells it only when that is not the key's lowered name,
+// and counts that allocation against the budget.
+func TestEntryData(t *testing.T) {
+	z := testZone(t)
+	for _, tc := range []struct{ asked, spelled string }{
+		{"www.example.org.", ""},
+		{"WWW.Example.org.", "WWW.Example.org."},
+	} {
+		req := newQuery(tc.asked, dns.TypeA, 0, false)
+		e, q := mustEntry(t, req, z.reply(req), 0, time.Hour)
+		wire, err := z.reply(req).Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := strings.ToLower(tc.asked) + string(e.key()[len(tc.asked):])
+		if want := len(key) + len(tc.spelled) + len(wire) + 2*len(z.reply(req).Answer); cap(e.data) != want || len(e.data) != want {
+			t.Errorf("%s: %d bytes of data (capacity %d), want %d", tc.asked, len(e.data), cap(e.data), want)
+		}
+		if string(e.key()) != key || string(e.qname()) != q.name || string(e.wire(e.plain)) != string(wire) {
+			t.Errorf("%s: key %q, name %q, answer %x; want %q, %q, %x", tc.asked, e.key(), e.qname(), e.wire(e.plain), key, q.name, wire)
+		}
+		if want := entryOverhead + int64(cap(e.data)); int64(e.bytes) != want {
+			t.Errorf("%s: %d bytes counted, want %d", tc.asked, e.bytes, want)
+		}
+	}
+}
+
 func TestFootprint(t *testing.T) {
 	z := testZone(t)
 	for _, name := range []string{"www.example.org.", "big.example.org.", "huge.example.org."} {
@@ -188,8 +218,8 @@ func TestFootprint(t *testing.T) {
 			if err != nil {
 				continue
 			}
-			low := entryOverhead + int64(len(e.plain.wire)+2*len(e.plain.ttlAt)+4*len(e.ttls))
-			if e.bytes < low || e.bytes > maxEntryBytes {
+			low := entryOverhead + int64(n+len(e.wire(e.plain))+len(e.ttlOffsets(e.plain)))
+			if int64(e.bytes) < low || int64(e.bytes) > maxEntryBytes {
 				t.Errorf("%s %s: %d bytes counted, want at least %d and at most %d", name, dns.TypeToString[qtype], e.bytes, low, maxEntryBytes)
 			}
 		}
@@ -207,11 +237,11 @@ func TestFootprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.compressed == nil || len(e.compressed.wire) == len(e.plain.wire) {
+	if !e.hasCompressed() || len(e.wire(e.compressed)) == len(e.wire(e.plain)) {
 		t.Fatal("the largest answer was not stored in two forms")
 	}
-	if e.bytes > maxEntryBytes {
-		t.Errorf("an entry of %d bytes, %d records counts %d bytes, above maxEntryBytes %d", m.Len(), len(e.ttls), e.bytes, maxEntryBytes)
+	if int64(e.bytes) > maxEntryBytes {
+		t.Errorf("an entry of %d bytes, %d records counts %d bytes, above maxEntryBytes %d", m.Len(), len(e.ttlOffsets(e.plain))/2, e.bytes, maxEntryBytes)
 	}
 }
 

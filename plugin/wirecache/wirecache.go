@@ -160,8 +160,8 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	}
 	var stale *entry
 	if e != nil {
-		if !now.Before(e.expires) {
-			if wc.StaleFor > 0 && now.Before(e.expires.Add(wc.StaleFor)) {
+		if e.expired(now) {
+			if wc.StaleFor > 0 && !e.staleBeyond(now, wc.StaleFor) {
 				// Kept until the chain answers: if it fails, this entry answers instead.
 				stale = e
 			} else {
@@ -218,7 +218,7 @@ func (wc *WireCache) refreshStale(ctx context.Context, w dns.ResponseWriter, r *
 			}
 		}
 		// The refresh ended (or it ran out of this query's wait): what it stored answers, if it stored.
-		if e := wc.store.get(h, []byte(key)); e != nil && e != stale && wc.now().Before(e.expires) {
+		if e := wc.store.get(h, []byte(key)); e != nil && e != stale && !e.expired(wc.now()) {
 			if served, err := wc.serveHit(w, r, e, q, wc.now(), m); served {
 				return dns.RcodeSuccess, err
 			}
@@ -353,7 +353,7 @@ func (wc *WireCache) serveStale(w dns.ResponseWriter, e *entry, q *query, m *ser
 
 	bp := wc.buffers.Get().(*[]byte)
 	defer wc.buffers.Put(bp)
-	if need := len(e.plain.wire) + optLen; cap(*bp) < need {
+	if need := len(e.wire(e.plain)) + optLen; cap(*bp) < need {
 		*bp = make([]byte, 0, need)
 	}
 	out, ok := e.renderStale((*bp)[:cap(*bp)], q, c, wc.StaleTTL)
@@ -396,7 +396,7 @@ func (wc *WireCache) serveHit(w dns.ResponseWriter, r *dns.Msg, e *entry, q *que
 
 	bp := wc.buffers.Get().(*[]byte)
 	defer wc.buffers.Put(bp)
-	if need := len(e.plain.wire) + optLen; cap(*bp) < need {
+	if need := len(e.wire(e.plain)) + optLen; cap(*bp) < need {
 		*bp = make([]byte, 0, need)
 	}
 	out, ok := e.render((*bp)[:cap(*bp)], q, c, now)
@@ -407,8 +407,8 @@ func (wc *WireCache) serveHit(w dns.ResponseWriter, r *dns.Msg, e *entry, q *que
 	m.hits.Inc()
 	if m.core != nil {
 		m.core.count(&hit{
-			zone: e.metricsZone, tcp: c.tcp, v6: c.v6, do: q.do(), qtype: q.qtype, rcode: e.rcode,
-			reqSize: r.Len(), respSize: e.chainLen, start: now,
+			zone: int(e.metricsZone), tcp: c.tcp, v6: c.v6, do: q.do(), qtype: q.qtype, rcode: int(e.rcode),
+			reqSize: r.Len(), respSize: int(e.chainLen), start: now,
 		})
 	}
 	// Both of miekg/dns's transports copy the bytes before Write returns, so the buffer can be reused.
@@ -453,8 +453,8 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 		if e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL); err == nil {
 			e.ttlFloor = r.wc.ttlFloor(m)
 			if r.wc.metricsZones != nil {
-				e.metricsZone = metricsZone(r.wc.metricsZones, r.query.name)
-				e.chainLen = m.Len()
+				// #nosec G115 -- an index of the block's zones, and a message's length
+				e.metricsZone, e.chainLen = int32(metricsZone(r.wc.metricsZones, r.query.name)), int32(m.Len())
 			}
 			r.entry = e
 			r.wc.store.add(r.hash, e, r.now)
