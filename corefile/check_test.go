@@ -235,7 +235,7 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 	}
 	hazards, _ := Check(out, CheckOptions{MemoryLimit: 40 << 20})
 	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory ||
-		!strings.Contains(hazards[0].Problem, "wirecache holds up to 31456 entries, at most 12 MiB of answers;") ||
+		!strings.Contains(hazards[0].Problem, "wirecache holds up to 49152 entries, at most 12 MiB of answers;") ||
 		strings.Contains(hazards[0].Problem, "cache plugin") || !strings.Contains(hazards[0].Fix, "49 MiB") {
 		t.Errorf("got %v", hazards)
 	}
@@ -245,7 +245,7 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 	// With log, wirecache steps aside and holds nothing.
 	logged := strings.Replace(string(out), "    wirecache {\n", "    log\n    wirecache {\n", 1)
 	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 32 << 20})
-	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 11796 entries, at most 4 MiB of answers;") {
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 18432 entries, at most 4 MiB of answers;") {
 		t.Errorf("got %v", hazards)
 	}
 	// The cache plugin, where it caches instead, counts by its entries.
@@ -264,7 +264,7 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 		{"capacity 100", "at most 5 MiB of answers"},               // 4.5 MiB + 100×11 KiB
 		{"capacity 100\n        max_memory 64Ki", "at most 4 MiB"}, // 4.5 MiB + 64 KiB
 	} {
-		changed := strings.Replace(string(out), "    wirecache {\n        capacity 19660\n        max_memory 7680KiB\n",
+		changed := strings.Replace(string(out), "    wirecache {\n        capacity 30720\n        max_memory 7680KiB\n",
 			"    wirecache {\n        "+tc.options+"\n", 1)
 		hazards, _ := Check([]byte(changed), CheckOptions{MemoryLimit: 32 << 20})
 		if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, tc.want) {

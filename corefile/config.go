@@ -140,8 +140,8 @@ type WireCache struct {
 	// Disabled leaves wirecache out of every block; CoreDNS's cache plugin caches instead, bounded in
 	// entries (Cache's capacities), not in bytes.
 	Disabled bool
-	// Capacity is its entry count per block; zero means one entry per 400 bytes of the block's share of
-	// Cache.Memory, more than the smallest answers need, so that the bytes bind first.
+	// Capacity is its entry count per block; zero means one entry per 256 bytes of the block's share of
+	// Cache.Memory, less than the smallest answers count, so that the bytes bind first.
 	Capacity int
 }
 

@@ -132,12 +132,17 @@ func Template(c Config) ([]byte, error) {
 // names every Pod asks, a quarter to everything else, and a sixteenth to each reverse zone.
 var blockShares = struct{ cluster, root, reverse, total int64 }{cluster: 10, root: 4, reverse: 1, total: 16}
 
+// wireCacheBytesPerEntry is the share of a block's budget its default entry count allows each entry: below
+// what the smallest answers count against the budget (about 300 bytes: an A answer of a short name), so
+// that the bytes bind first.
+const wireCacheBytesPerEntry = 256
+
 // wireCache is a block's wirecache: at most share bytes of answers, an entry count that lets the bytes bind
 // first, and serve_stale.
 func wireCache(c Config, share int64) *Directive {
 	capacity := c.WireCache.Capacity
 	if capacity == 0 {
-		capacity = int(share / 400)
+		capacity = int(share / wireCacheBytesPerEntry)
 	}
 	d := &Directive{Name: "wirecache", Block: []*Directive{
 		{Name: "capacity", Args: []string{strconv.Itoa(capacity)}},

@@ -152,7 +152,7 @@ func TestChartKnobs(t *testing.T) {
 		if c := directive(b, "cache"); c != nil {
 			t.Errorf("%s: a cache plugin beside wirecache: %s", keys[i+1], dump(c))
 		}
-		want := map[string][]string{"capacity": {strconv.Itoa(kib * 1024 / 400)}, "max_memory": {strconv.Itoa(kib>>10) + "MiB"}, "serve_stale": {"30m", "10s", "2s", "prefer_positive"}}
+		want := map[string][]string{"capacity": {strconv.Itoa(kib * 1024 / 256)}, "max_memory": {strconv.Itoa(kib>>10) + "MiB"}, "serve_stale": {"30m", "10s", "2s", "prefer_positive"}}
 		if w := directive(b, "wirecache"); w == nil || !sameOptions(w, want) {
 			t.Errorf("%s: wirecache %s, want %v", keys[i+1], dump(w), want)
 		}

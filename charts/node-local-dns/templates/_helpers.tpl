@@ -199,13 +199,13 @@ KiB).
 
 {{/*
 A server block's wirecache, its only cache: (list ROOT KIB), at most KIB KiB of answers (its share of
-cacheMemoryMiB), an entry count that lets the bytes bind first (one per 400 bytes), and serve_stale;
+cacheMemoryMiB), an entry count that lets the bytes bind first (one per 256 bytes), and serve_stale;
 corefile.Template's wireCache.
 */}}
 {{- define "node-local-dns.wirecache" -}}
 {{- $kib := index . 1 -}}
 wirecache {
-    capacity {{ div (mul $kib 1024) 400 }}
+    capacity {{ div (mul $kib 1024) 256 }}
     max_memory {{ include "node-local-dns.kib" $kib }}
     {{- with include "node-local-dns.wirecacheServeStale" (index . 0) }}
     {{ . }}
