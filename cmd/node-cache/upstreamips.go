@@ -103,17 +103,18 @@ func kubeDNSAddresses(local []netip.Addr, getenv func(string) string) []netip.Ad
 // as a local address like the link-local one (diverted to kube-dns-upstream at a hand-over instead of
 // given back to kube-proxy: answered either way), and that is logged.
 func completeKubeDNS(ctx context.Context, local, services []netip.Addr, lookup clusterIPsFunc) []netip.Addr {
-	if len(services) == 0 || len(uncovered(local, services)) == 0 {
+	others := uncovered(local, services)
+	if len(services) == 0 || len(others) == 0 {
 		return services
 	}
 	ips, err := askClusterIPs(ctx, lookup, kubeDNSService)
 	if err != nil {
 		log.Warningf("asking for the ClusterIPs of Service %s that $%s does not name: %v; those of %v that are its ClusterIPs are diverted at a hand-over, as the link-local address is, instead of given back to kube-proxy",
-			kubeDNSService, serviceHostVar(kubeDNSService), err, uncovered(local, services))
+			kubeDNSService, serviceHostVar(kubeDNSService), err, others)
 		return services
 	}
 	out := slices.Clone(services)
-	for _, a := range uncovered(local, services) {
+	for _, a := range others {
 		if slices.ContainsFunc(ips, func(ip netip.Addr) bool { return ip.Unmap() == a.Unmap() }) {
 			out = append(out, a.Unmap())
 		}
