@@ -55,10 +55,14 @@ const (
 //     largest entry; residentPerHeap turns that bound into resident memory: under bench/flood.sh, which
 //     fills 10.5 MiB of the rendered Corefile's 12 MiB with 3.9 KiB answers, the peak grew by 1.7 times
 //     the bytes filled (the collector's headroom at GOGC=50 and the binary's pages serving touches).
+//   - tcpConnectionBytes: resident memory per TCP connection a client holds open (a goroutine, a file
+//     descriptor, the read buffer): the hostile tier held 2,500 connections with about 5.5 KiB each, rounded
+//     up. wirecache's fast path bounds them (tcp_connections MAX); the cache holds that many at worst.
 const (
-	baseBytes       = 24 << 20
-	cacheEntryBytes = 1200
-	residentPerHeap = 2.0
+	baseBytes          = 24 << 20
+	cacheEntryBytes    = 1200
+	residentPerHeap    = 2.0
+	tcpConnectionBytes = 6 << 10
 )
 
 // The wirecache plugin's defaults (DefaultCapacity, DefaultMaxMemory), and a bound on its largest entry in
@@ -67,6 +71,10 @@ const (
 	defaultWireCacheCapacity  = 10000
 	defaultWireCacheMaxMemory = 8 << 20
 	wireCacheMaxEntryBytes    = 11 << 10
+	// defaultTCPConnections and defaultTCPConnectionsPerClient are wirecache's DefaultTCPConnections and
+	// DefaultTCPConnectionsPerClient.
+	defaultTCPConnections          = 1024
+	defaultTCPConnectionsPerClient = 128
 )
 
 // CheckOptions tells Check about the node the Corefile will run on. Every field is optional; a check
@@ -365,6 +373,8 @@ func (c *checker) cacheMemory() {
 	}
 	entries, wireEntries, line := 0, 0, 0
 	var wireHeap int64
+	// connections is the bound on TCP connections: the largest of the wirecaches' (the fast path takes it).
+	connections := 0
 	for _, b := range c.file.Blocks {
 		for _, d := range b.Find("cache") {
 			success, denial := defaultCacheCapacity, defaultCacheCapacity
@@ -406,18 +416,27 @@ func (c *checker) cacheMemory() {
 			}
 			wireEntries += capacity
 			wireHeap += min(int64(capacity)*wireCacheMaxEntryBytes, maxMemory)
+			bound := defaultTCPConnections
+			if o := d.Option("tcp_connections"); o != nil && len(o.Args) >= 1 {
+				if n, err := strconv.Atoi(o.Args[0]); err == nil {
+					bound = n
+				}
+			}
+			connections = max(connections, bound)
 			if line == 0 {
 				line = d.Line
 			}
 		}
 	}
-	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap)
+	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap) +
+		int64(connections)*tcpConnectionBytes
 	if entries+wireEntries == 0 || need <= c.opts.MemoryLimit {
 		return
 	}
 	var held []string
 	if wireEntries > 0 {
-		held = append(held, fmt.Sprintf("wirecache holds up to %d entries, at most %d MiB of answers", wireEntries, wireHeap>>20))
+		held = append(held, fmt.Sprintf("wirecache holds up to %d entries, at most %d MiB of answers, and up to %d TCP connections",
+			wireEntries, wireHeap>>20, connections))
 	}
 	if entries > 0 {
 		held = append(held, fmt.Sprintf("the cache plugin holds up to %d entries, bounded in number only (usual "+
@@ -425,7 +444,7 @@ func (c *checker) cacheMemory() {
 	}
 	c.add(line, HazardCacheMemory, fmt.Sprintf("%s; full, the node cache needs about %d MiB, above the %d MiB memory "+
 		"limit, and is OOM-killed (a DNS outage on the node) once they fill", strings.Join(held, ", and "), need>>20, c.opts.MemoryLimit>>20),
-		fmt.Sprintf("raise the limit to at least %d MiB or lower wirecache's max_memory (and the cache plugin's capacities)", (need>>20)+1))
+		fmt.Sprintf("raise the limit to at least %d MiB or lower wirecache's max_memory and tcp_connections (and the cache plugin's capacities)", (need>>20)+1))
 }
 
 // shardedCapacity is what CoreDNS's cache really holds for a capacity: 256 shards of at least 4 entries.

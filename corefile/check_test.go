@@ -228,24 +228,33 @@ func TestCheckMemoryFigures(t *testing.T) {
 
 func TestCheckMemoryWithWireCache(t *testing.T) {
 	// The rendered iptables Corefile: 4 wirecaches holding at most 12 MiB of answers in all (24 MiB
-	// resident), no cache plugin: 48 MiB with the base, the manifests' request.
+	// resident) and 1024 TCP connections (6 MiB), no cache plugin: 54 MiB with the base.
 	out, err := Render(goldenConfigs["iptables"])
 	if err != nil {
 		t.Fatal(err)
 	}
 	hazards, _ := Check(out, CheckOptions{MemoryLimit: 40 << 20})
 	if len(hazards) != 1 || hazards[0].Kind != HazardCacheMemory ||
-		!strings.Contains(hazards[0].Problem, "wirecache holds up to 49152 entries, at most 12 MiB of answers;") ||
-		strings.Contains(hazards[0].Problem, "cache plugin") || !strings.Contains(hazards[0].Fix, "49 MiB") {
+		!strings.Contains(hazards[0].Problem, "wirecache holds up to 49152 entries, at most 12 MiB of answers, and up to 1024 TCP connections;") ||
+		strings.Contains(hazards[0].Problem, "cache plugin") || !strings.Contains(hazards[0].Fix, "55 MiB") {
 		t.Errorf("got %v", hazards)
 	}
-	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 48 << 20}); len(hazards) != 0 {
-		t.Errorf("48 MiB is enough: %v", hazards)
+	if hazards, _ := Check(out, CheckOptions{MemoryLimit: 54 << 20}); len(hazards) != 0 {
+		t.Errorf("54 MiB is enough: %v", hazards)
+	}
+	// tcp_connections bounds the connections; the largest of the blocks' counts.
+	fewer := strings.ReplaceAll(string(out), "    wirecache {\n", "    wirecache {\n        tcp_connections 100\n")
+	if hazards, _ := Check([]byte(fewer), CheckOptions{MemoryLimit: 49 << 20}); len(hazards) != 0 {
+		t.Errorf("49 MiB is enough for 100 connections: %v", hazards)
+	}
+	more := strings.Replace(fewer, "tcp_connections 100\n", "tcp_connections 4096 64\n", 1)
+	if hazards, _ := Check([]byte(more), CheckOptions{MemoryLimit: 64 << 20}); len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "up to 4096 TCP connections") {
+		t.Errorf("4096 connections in one block: %v", hazards)
 	}
 	// With log, wirecache steps aside and holds nothing.
 	logged := strings.Replace(string(out), "    wirecache {\n", "    log\n    wirecache {\n", 1)
 	hazards, _ = Check([]byte(logged), CheckOptions{MemoryLimit: 32 << 20})
-	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 18432 entries, at most 4 MiB of answers;") {
+	if len(hazards) != 1 || !strings.Contains(hazards[0].Problem, "wirecache holds up to 18432 entries, at most 4 MiB of answers, and up to 1024 TCP connections;") {
 		t.Errorf("got %v", hazards)
 	}
 	// The cache plugin, where it caches instead, counts by its entries.
@@ -277,10 +286,11 @@ func TestCheckMemoryWithWireCache(t *testing.T) {
 func TestCheckKnowsWireCache(t *testing.T) {
 	// The entry bound may be above wirecache's figure (it then overestimates a little), never below it.
 	if defaultWireCacheCapacity != wirecache.DefaultCapacity || defaultWireCacheMaxMemory != wirecache.DefaultMaxMemory ||
+		defaultTCPConnections != wirecache.DefaultTCPConnections || defaultTCPConnectionsPerClient != wirecache.DefaultTCPConnectionsPerClient ||
 		wireCacheMaxEntryBytes < wirecache.MinMaxMemory || wireCacheMaxEntryBytes > wirecache.MinMaxMemory+2048 {
-		t.Errorf("Check assumes capacity %d, max_memory %d, entries of at most %d bytes; wirecache has %d, %d, %d",
-			defaultWireCacheCapacity, defaultWireCacheMaxMemory, wireCacheMaxEntryBytes,
-			wirecache.DefaultCapacity, wirecache.DefaultMaxMemory, wirecache.MinMaxMemory)
+		t.Errorf("Check assumes capacity %d, max_memory %d, entries of at most %d bytes, %d TCP connections; wirecache has %d, %d, %d, %d",
+			defaultWireCacheCapacity, defaultWireCacheMaxMemory, wireCacheMaxEntryBytes, defaultTCPConnections,
+			wirecache.DefaultCapacity, wirecache.DefaultMaxMemory, wirecache.MinMaxMemory, wirecache.DefaultTCPConnections)
 	}
 	// The sizes themselves are read by internal/bytesize, for Check and wirecache alike.
 }

@@ -119,7 +119,7 @@ type Cache struct {
 }
 
 // DefaultCacheMemory is the default byte budget of the caches: with the Go collector's headroom (GOGC=50)
-// and the process's own 20 to 30 MiB it fits the manifests' 48 MiB memory request (examples/kubernetes,
+// and the process's own 20 to 30 MiB it fits the manifests' 56 MiB memory request (examples/kubernetes,
 // Memory).
 const DefaultCacheMemory = 12 << 20
 
@@ -143,6 +143,10 @@ type WireCache struct {
 	// Capacity is its entry count per block; zero means one entry per 256 bytes of the block's share of
 	// Cache.Memory, less than the smallest answers count, so that the bytes bind first.
 	Capacity int
+	// TCPConnections and TCPConnectionsPerClient bound the TCP connections the cache holds open at once,
+	// in all and from one client address (every wirecache's tcp_connections); zero leaves wirecache's
+	// default (1024, and 128 or TCPConnections if lower).
+	TCPConnections, TCPConnectionsPerClient int
 }
 
 // ServeStale is serving expired answers while the upstream does not answer (RFC 8767): the serve_stale of
@@ -362,6 +366,10 @@ func (c Config) Validate() error {
 	}
 	if c.WireCache.Capacity < 0 {
 		errs = append(errs, fmt.Errorf("wirecache capacity is negative: %d", c.WireCache.Capacity))
+	}
+	if total, perClient := c.WireCache.tcpConnections(); c.WireCache.TCPConnections < 0 || c.WireCache.TCPConnectionsPerClient < 0 || perClient > total {
+		errs = append(errs, fmt.Errorf("wirecache TCP connections: %d in all and %d per client; want positive bounds, the one per client at most the other",
+			c.WireCache.TCPConnections, c.WireCache.TCPConnectionsPerClient))
 	}
 	if _, err := parseListenAddress(c.MetricsAddress); err != nil && len(c.LocalIPs) > 0 {
 		errs = append(errs, fmt.Errorf("metrics address: %w", err))

@@ -148,10 +148,26 @@ func wireCache(c Config, share int64) *Directive {
 		{Name: "capacity", Args: []string{strconv.Itoa(capacity)}},
 		{Name: "max_memory", Args: []string{bytesize.Format(share)}},
 	}}
+	if c.WireCache.TCPConnections != 0 || c.WireCache.TCPConnectionsPerClient != 0 {
+		total, perClient := c.WireCache.tcpConnections()
+		d.Block = append(d.Block, &Directive{Name: "tcp_connections", Args: []string{strconv.Itoa(total), strconv.Itoa(perClient)}})
+	}
 	if !c.ServeStale.Disabled {
 		d.Block = append(d.Block, wireCacheServeStale(c.ServeStale))
 	}
 	return d
+}
+
+// tcpConnections returns the bounds on TCP connections, wirecache's defaults where w leaves them.
+func (w WireCache) tcpConnections() (total, perClient int) {
+	total, perClient = w.TCPConnections, w.TCPConnectionsPerClient
+	if total == 0 {
+		total = defaultTCPConnections
+	}
+	if perClient == 0 {
+		perClient = min(total, defaultTCPConnectionsPerClient)
+	}
+	return total, perClient
 }
 
 // clusterCache is the cluster-domain block's cache plugin, where wirecache is not (log, or no wirecache):

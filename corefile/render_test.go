@@ -64,7 +64,7 @@ var goldenConfigs = map[string]Config{
 		MaxAttempts:    3,
 		Cache:          Cache{Memory: 32 << 20, SuccessCapacity: 39936, SuccessTTL: 60, DenialCapacity: 2048, DenialTTL: 10, OtherTTL: 15},
 		Clamp:          Clamp{SuccessMin: 10, DenialMin: 2},
-		WireCache:      WireCache{Capacity: 4096},
+		WireCache:      WireCache{Capacity: 4096, TCPConnections: 300, TCPConnectionsPerClient: 40},
 		ServeStale:     ServeStale{For: 30 * time.Minute, TTL: 10 * time.Second, Verify: 500 * time.Millisecond},
 		Log:            true,
 		HealthPort:     9080,
@@ -236,6 +236,11 @@ func TestConfigValidate(t *testing.T) {
 		{"negative stale window", func(c *Config) { c.ServeStale.For = -time.Hour }, "negative"},
 		{"cache memory too small", func(c *Config) { c.Cache.Memory = 64 << 10 }, "cache memory"},
 		{"negative max attempts", func(c *Config) { c.MaxAttempts = -1 }, "max attempts is negative"},
+		{"negative TCP connections", func(c *Config) { c.WireCache.TCPConnections = -1 }, "TCP connections"},
+		{"more TCP connections per client than in all", func(c *Config) {
+			c.WireCache.TCPConnections, c.WireCache.TCPConnectionsPerClient = 100, 200
+		}, "TCP connections"},
+		{"more TCP connections per client than the default in all", func(c *Config) { c.WireCache.TCPConnectionsPerClient = 2000 }, "TCP connections"},
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("good config: %v", err)

@@ -271,6 +271,18 @@ func TestChartCorefileIsTemplate(t *testing.T) {
 			args: []string{"--set", "upstreamMaxAttempts=3"},
 			edit: func(c *corefile.Config) { c.MaxAttempts = 3 },
 		},
+		"tcp connections": {
+			args: []string{"--set", "tcpConnections.max=300,tcpConnections.perClient=40"},
+			edit: func(c *corefile.Config) { c.WireCache.TCPConnections, c.WireCache.TCPConnectionsPerClient = 300, 40 },
+		},
+		"tcp connections per client": {
+			args: []string{"--set", "tcpConnections.perClient=40"},
+			edit: func(c *corefile.Config) { c.WireCache.TCPConnectionsPerClient = 40 },
+		},
+		"tcp connections in all": {
+			args: []string{"--set", "tcpConnections.max=64"},
+			edit: func(c *corefile.Config) { c.WireCache.TCPConnections = 64 },
+		},
 		// A budget whose shares are whole GiB (`.`'s) and MiB.
 		"budget": {args: []string{"--set", "cacheMemoryMiB=4096"}, edit: func(c *corefile.Config) { c.Cache.Memory = 4 << 30 }},
 	} {

@@ -48,6 +48,9 @@ type fastPaths struct {
 	blocks  map[*dnsserver.Config]*WireCache
 	servers map[string]*fastPath // by dnsserver.Server.Addr; nil for an address tried and left to CoreDNS
 	stopped bool
+	// limits bound the TCP connections of all the instance's fast paths, from the blocks' bounds when the
+	// first fast path starts.
+	limits *connLimits
 	// starting counts the listeners being started, so stop waits for them.
 	starting sync.WaitGroup
 }
@@ -85,16 +88,29 @@ func (f *fastPaths) notice(ctx context.Context) {
 	}
 	f.servers[srv.Addr] = nil
 	blocks := maps.Clone(f.blocks)
-	f.starting.Go(func() { f.start(srv, blocks) })
+	if f.limits == nil {
+		f.limits = blockConnLimits(blocks)
+	}
+	limits := f.limits
+	f.starting.Go(func() { f.start(srv, blocks, limits) })
 }
 
-func (f *fastPaths) start(srv *dnsserver.Server, blocks map[*dnsserver.Config]*WireCache) {
+// blockConnLimits returns the bounds on TCP connections of an instance: the largest of its blocks'.
+func blockConnLimits(blocks map[*dnsserver.Config]*WireCache) *connLimits {
+	total, perClient := 0, 0
+	for _, wc := range blocks {
+		total, perClient = max(total, wc.TCPConnections), max(perClient, wc.TCPConnectionsPerClient)
+	}
+	return newConnLimits(total, perClient)
+}
+
+func (f *fastPaths) start(srv *dnsserver.Server, blocks map[*dnsserver.Config]*WireCache, limits *connLimits) {
 	routes, local, err := fastRoutes(srv, blocks)
 	if err != nil {
 		log.Infof("no fast path on %s: %v; its queries go through the plugin chain", srv.Addr, err)
 		return
 	}
-	fp, err := startFastPath(srv, local, routes)
+	fp, err := startFastPath(srv, local, routes, limits)
 	if err != nil {
 		log.Warningf("no fast path on %s: %v; its queries go through the plugin chain", srv.Addr, err)
 		return
@@ -252,6 +268,7 @@ const (
 	// hit (a plain class IN query read from its bytes, answered from a store) does not depend on it.
 	passedOn
 	// notUDP: it applies to TCP or to another transport; CoreDNS's UDP listener for plain DNS ignores it.
+	// The fast path's TCP server (tcpServer) takes the server's TCP settings as CoreDNS's own does.
 	notUDP
 	// keepsChain: while it is set on the server or on one of its blocks, the address has no fast path.
 	keepsChain
@@ -270,10 +287,10 @@ type fieldUse struct {
 // TestFastPathKnowsEveryServerOption fails first.
 var serverFieldUses = map[string]fieldUse{
 	"Addr":                          {followed, "the address the fast path joins"},
-	"IdleTimeout":                   {notUDP, "TCP connections (timeouts)"},
-	"ReadTimeout":                   {notUDP, "TCP connections (timeouts)"},
-	"WriteTimeout":                  {notUDP, "TCP connections (timeouts)"},
-	"MaxTCPQueries":                 {notUDP, "TCP connections (timeouts max_queries)"},
+	"IdleTimeout":                   {notUDP, "TCP connections (timeouts), which the fast path's TCP server has too"},
+	"ReadTimeout":                   {notUDP, "TCP connections (timeouts), which the fast path's TCP server has too"},
+	"WriteTimeout":                  {notUDP, "TCP connections (timeouts), which the fast path's TCP server has too"},
+	"MaxTCPQueries":                 {notUDP, "TCP connections (timeouts max_queries), which the fast path's TCP server has too"},
 	"TsigSecret":                    {passedOn, "a query with a TSIG record is passed on to a miekg/dns server with these secrets, and every query of a server that has secrets is answered through it (tsig)"},
 	"connPolicy":                    {keepsChain, "proxyproto wraps the server's UDP socket, which reads the PROXY header the fast path would not"},
 	"udpSessionTrackingTTL":         {keepsChain, "proxyproto's UDP session tracking"},

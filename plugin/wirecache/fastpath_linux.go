@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -69,6 +70,10 @@ type fastPath struct {
 	// probe is the query steer sends, recognized by the readers; probeSeen tells steer one arrived.
 	probe     atomic.Pointer[[]byte]
 	probeSeen chan struct{}
+	// tcp is the fast path's TCP listener, nil where it could not start; socks are the sockets keepSteered
+	// steers: the UDP socket, and tcp's listener.
+	tcp       *tcpFront
+	socks     []*groupSocket
 	steerStop context.CancelFunc
 	steerDone chan struct{}
 
@@ -79,7 +84,7 @@ type fastPath struct {
 	lastWriteError atomic.Int64
 }
 
-func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouting) (*fastPath, error) {
+func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouting, limits *connLimits) (*fastPath, error) {
 	fp := &fastPath{
 		srv: srv, local: local, v6: local.Addr().Is6(), routes: routes,
 		probeSeen: make(chan struct{}, 1), steerDone: make(chan struct{}),
@@ -113,17 +118,11 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 	}
 	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), passed: make(chan struct{}, 1)}
 
-	started := make(chan struct{})
 	fp.inner = chainServer(srv, fp.chain)
-	fp.inner.NotifyStartedFunc = func() { close(started) }
 	if len(srv.TsigSecret) == 0 {
 		fp.servers = newChainServers(fp)
 	}
-	served := make(chan error, 1)
-	go func() { served <- fp.inner.ActivateAndServe() }()
-	select {
-	case <-started:
-	case err := <-served:
+	if err := activate(fp.inner); err != nil {
 		fp.conn.Close()
 		return nil, fmt.Errorf("start the server for queries the fast path passes on: %w", err)
 	}
@@ -132,11 +131,31 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		r := newFastReader(fp)
 		fp.readers.Go(r.run)
 	}
+	fp.socks = []*groupSocket{fp.udpSocket()}
+	if fp.tcp, err = startTCPFront(srv, local, limits); err != nil {
+		log.Warningf("fast path on %s: %v; CoreDNS's own TCP listener accepts every connection, with no bound", srv.Addr, err)
+	} else {
+		fp.socks = append(fp.socks, fp.tcp.groupSocket())
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	fp.steerStop = cancel
 	go fp.keepSteered(ctx)
 	return fp, nil
+}
+
+// activate starts s serving, and returns once it serves, or with the error it stopped on at once.
+func activate(s *dns.Server) error {
+	started := make(chan struct{})
+	s.NotifyStartedFunc = func() { close(started) }
+	served := make(chan error, 1)
+	go func() { served <- s.ActivateAndServe() }()
+	select {
+	case <-started:
+		return nil
+	case err := <-served:
+		return err
+	}
 }
 
 // chainServer returns CoreDNS's own UDP server for srv (dnsserver.Server.ServePacket) on pc: the same
@@ -156,12 +175,8 @@ func chainServer(srv *dnsserver.Server, pc net.PacketConn) *dns.Server {
 func (fp *fastPath) stop() {
 	fp.steerStop()
 	<-fp.steerDone
-	if group, err := nodelocal.UDPGroup(fp.local); err != nil {
-		log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
-	} else if nodelocal.OthersInGroup(group) == 0 && !nodelocal.UDPGroupTakenOver(fp.local) {
-		if err := fp.steer(context.Background(), group, false); err != nil {
-			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
-		}
+	for _, s := range fp.socks {
+		fp.steerAway(s)
 	}
 	fp.stopping.Store(true)
 	// Wakes the readers waiting for a packet; each then empties the socket without waiting, and returns.
@@ -176,6 +191,9 @@ func (fp *fastPath) stop() {
 			log.Warningf("fast path on %s: stopping: queries still being answered: %v", fp.srv.Addr, err)
 		}
 	}
+	if fp.tcp != nil {
+		fp.tcp.stop(ctx)
+	}
 	// The queries passed on must reach CoreDNS's server before it stops reading.
 	for deadline := time.Now().Add(passDrainWait); len(fp.chain.queue) > 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
@@ -184,4 +202,21 @@ func (fp *fastPath) stop() {
 		log.Warningf("fast path on %s: stopping: %v", fp.srv.Addr, err)
 	}
 	fp.conn.Close()
+}
+
+// steerAway points the group of s at another socket of this process, unless another process is in the
+// group, a takeover holds it, or s has left it (an older process hands its TCP listeners over by taking
+// them out of their groups).
+func (fp *fastPath) steerAway(s *groupSocket) {
+	group, err := s.group()
+	switch {
+	case err != nil:
+		log.Warningf("fast path on %s: reading the %s sockets bound to %s: %v", fp.srv.Addr, s.network, fp.local, err)
+	case nodelocal.OthersInGroup(group) > 0 || nodelocal.UDPGroupTakenOver(fp.local):
+	case !slices.ContainsFunc(group, func(m nodelocal.ReuseportSocket) bool { return m.FD == s.fd }):
+	default:
+		if err := fp.steer(context.Background(), s, group, false); err != nil {
+			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
+		}
+	}
 }

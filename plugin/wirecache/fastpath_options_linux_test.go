@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -442,62 +441,17 @@ func TestChainServerIsCoreDNSs(t *testing.T) {
 	if askDatagram(t, theirsConn.LocalAddr().String(), mustPack(t, newQuery("example.org.", dns.TypeA, 0, false))) == nil {
 		t.Fatal("CoreDNS's server did not answer")
 	}
-	servers := reflect.ValueOf(srv).Elem().FieldByName("server")
-	if !servers.IsValid() || servers.Kind() != reflect.Array || servers.Len() != 2 {
-		t.Fatalf("this CoreDNS version's server does not keep its miekg/dns servers where the test reads them")
-	}
-	// ServePacket set them holding the server's lock, which the test takes too before it reads them.
-	lock := reflect.ValueOf(srv).Elem().FieldByName("m")
-	if !lock.IsValid() || lock.Type() != reflect.TypeFor[sync.Mutex]() {
-		t.Fatalf("this CoreDNS version's server does not guard its miekg/dns servers with the lock the test takes")
-	}
-	mu := (*sync.Mutex)(lock.Addr().UnsafePointer())
-	mu.Lock()
-	theirs := (*dns.Server)(servers.Index(1).UnsafePointer())
-	mu.Unlock()
+	theirs := coreDNSServer(t, srv, 1)
 
 	oursConn, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ours := chainServer(srv, oursConn)
-	started := make(chan struct{})
-	ours.NotifyStartedFunc = func() { close(started) }
-	served := make(chan error, 1)
-	go func() { served <- ours.ActivateAndServe() }()
-	select {
-	case <-started:
-	case err := <-served:
+	if err := activate(ours); err != nil {
 		t.Fatal(err)
 	}
 	defer ours.Shutdown()
 
-	// ActivateAndServe filled in their defaults holding their miekg/dns server's lock, which the comparison
-	// holds too (ours are ordered by NotifyStartedFunc, which runs after).
-	theirsLock := reflect.ValueOf(theirs).Elem().FieldByName("lock")
-	if !theirsLock.IsValid() || theirsLock.Type() != reflect.TypeFor[sync.RWMutex]() {
-		t.Fatalf("this miekg/dns version's server does not guard its settings with the lock the test takes")
-	}
-	rw := (*sync.RWMutex)(theirsLock.Addr().UnsafePointer())
-	rw.RLock()
-	defer rw.RUnlock()
-
-	ignored := map[string]bool{"PacketConn": true, "Handler": true, "NotifyStartedFunc": true}
-	o, c := reflect.ValueOf(ours).Elem(), reflect.ValueOf(theirs).Elem()
-	for i := range o.NumField() {
-		f := o.Type().Field(i)
-		if !f.IsExported() || ignored[f.Name] {
-			continue
-		}
-		a, b := o.Field(i), c.Field(i)
-		var same bool
-		if f.Type.Kind() == reflect.Func {
-			same = a.Pointer() == b.Pointer()
-		} else {
-			same = reflect.DeepEqual(a.Interface(), b.Interface())
-		}
-		if !same {
-			t.Errorf("dns.Server.%s: %v for the fast path's, %v for CoreDNS's", f.Name, a, b)
-		}
-	}
+	sameServerSettings(t, ours, theirs, "PacketConn")
 }

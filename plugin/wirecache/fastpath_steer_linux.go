@@ -9,27 +9,63 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// How the fast path keeps its address's reuseport group steered to its socket, and yields it.
+// How the fast path keeps its address's reuseport groups steered to its sockets, and yields them.
 
-// keepSteered steers the group to the fast path's socket, and checks who is in the group whenever this
-// process hears that it may have changed (nodelocal.ReuseportChanges: a successor queued or left, a
-// takeover began or ended) and besides: steerCheck after a change, the wait doubling up to steerCheckMax
-// while the group stays as it was, so that an idle node wakes it seldom (a group that changed unheard of,
-// a stray process joining, leaves packets to CoreDNS's own socket, which answers them, until the next look).
-// While this process takes the address over from an older one (nodelocal.UDPGroupTakenOver) it leaves the group's
-// program to the takeover. While another process has sockets there (a successor that must prove it answers, then takes the node
-// over and steers the group itself), or a successor is queued at the node lock and about to join
+// groupSocket is a socket of the fast path in one of its address's reuseport groups: the UDP socket its
+// readers read, or the TCP listener of its tcpFront. keepSteered points each group at its socket, and keeps
+// here what it learnt of the group.
+type groupSocket struct {
+	network string // "UDP" or "TCP"
+	what    string // what the group sends the socket, for the log
+	fd      int
+	group   func() ([]nodelocal.ReuseportSocket, error)
+	steerTo func(index uint32) error
+	unsteer func() error
+	// probe sends a probe to the address and reports whether it landed on this socket.
+	probe func(ctx context.Context) (landed bool, err error)
+	gauge prometheus.Gauge
+
+	steered, yielded bool
+	lastGroup        string
+	lastErr          string
+	lastVerified     time.Time
+}
+
+// udpSocket returns the fast path's UDP socket as keepSteered steers it.
+func (fp *fastPath) udpSocket() *groupSocket {
+	return &groupSocket{
+		network: "UDP", what: "UDP queries", fd: fp.fd,
+		group:   func() ([]nodelocal.ReuseportSocket, error) { return nodelocal.UDPGroup(fp.local) },
+		steerTo: func(index uint32) error { return nodelocal.SteerUDPGroup(fp.local, index) },
+		unsteer: func() error { return nodelocal.UnsteerUDPGroup(fp.local) },
+		probe:   fp.probeOnce,
+		gauge:   fp.steered,
+	}
+}
+
+// keepSteered steers each of the address's groups (UDP, and TCP with a tcpFront) to the fast path's socket
+// in it, and checks who is in the groups whenever this process hears that they may have changed
+// (nodelocal.ReuseportChanges: a successor queued or left, a takeover began or ended) and besides:
+// steerCheck after a change, the wait doubling up to steerCheckMax while the groups stay as they were, so
+// that an idle node wakes it seldom (a group that changed unheard of, a stray process joining, leaves
+// packets and connections to CoreDNS's own sockets, which answer them, until the next look). While this
+// process takes the address over from an older one (nodelocal.UDPGroupTakenOver) it leaves the groups
+// alone: the takeover owns the UDP group's program, and the older process's listeners are still in the TCP
+// group. While another process has sockets in a group (a successor that must prove it answers, then takes
+// the node over and steers the group itself), or a successor is queued at the node lock and about to join
 // (nodelocal.SuccessorQueued), the fast path gives the group back to the kernel's hash once, if it was
 // steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
-// checks with a probe at each look that packets still come to it. Each round also ends the goroutines
-// the chainServers keep beyond what the last round needed (trim).
+// checks with a probe at each look that packets still come to it. Each round also ends the goroutines the
+// chainServers keep beyond what the last round needed (trim).
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
 	changes, unsubscribe := nodelocal.ReuseportChanges()
@@ -38,102 +74,41 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer t.Stop()
 	// retry is the wait before the next look after a round that could not finish (a probe that got no
 	// answer, a steering that failed): a second, doubling up to steerCheck. idle is the wait after one that
-	// did: steerCheck after a change, doubling while the group stays as it was, up to steerCheckMax.
+	// did: steerCheck after a change, doubling while the groups stay as they were, up to steerCheckMax.
 	retry, idle := time.Duration(0), steerCheck
-	checkedGroup := ""
-	var (
-		steered, yielded bool
-		lastGroup        string
-		lastErr          string
-		lastVerified     time.Time
-	)
-	setSteered := func(now bool) {
-		if now == steered {
-			return
+	checked := ""
+	defer func() {
+		for _, s := range fp.socks {
+			fp.setSteered(s, false)
 		}
-		steered = now
-		if steered {
-			fp.steered.Inc()
-			log.Infof("fast path on %s: the address's UDP queries come to it", fp.srv.Addr)
-		} else {
-			fp.steered.Dec()
-		}
-	}
-	defer setSteered(false)
+	}()
 	for {
-		failed := false
 		if fp.servers != nil {
 			fp.servers.trim()
 		}
-		group, err := nodelocal.UDPGroup(fp.local)
-		switch {
-		case err != nil:
-			failed = true
-			if msg := err.Error(); msg != lastErr {
-				log.Warningf("fast path on %s: reading the sockets bound to %s: %v", fp.srv.Addr, fp.local, err)
-				lastErr = msg
+		failed := false
+		for _, s := range fp.socks {
+			if !fp.lookAt(ctx, s) {
+				failed = true
 			}
-		case nodelocal.UDPGroupTakenOver(fp.local):
-			// This process takes the address over from an older one: the takeover owns the group's
-			// program until the older sockets are gone (see nodelocal.Succession's takeover).
-			setSteered(false)
-		case nodelocal.OthersInGroup(group) > 0 || nodelocal.SuccessorQueued():
-			if yielded {
-				break
-			}
-			// Only a group steered to this socket is given back: a program another process attached is
-			// that process's business.
-			landed, err := fp.probeOnce(ctx)
 			if ctx.Err() != nil {
 				return
 			}
-			if err != nil {
-				failed = true // asked again soon
-				break
-			}
-			setSteered(false)
-			yielded = true
-			if !landed {
-				log.Infof("fast path on %s: another process listens on the address too; the group is left to it", fp.srv.Addr)
-				break
-			}
-			if err := nodelocal.UnsteerUDPGroup(fp.local); err != nil {
-				log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
-			}
-			log.Infof("fast path on %s: another process listens on the address too; its packets are spread by the kernel's hash and the group is left to that process", fp.srv.Addr)
-		default:
-			yielded = false
-			if sig := groupSignature(group); sig != lastGroup || !steered || time.Since(lastVerified) >= steerCheck {
-				err := fp.steer(ctx, group, true)
-				if ctx.Err() != nil {
-					return
-				}
-				lastGroup, lastVerified = sig, time.Now()
-				if err != nil {
-					failed = true
-					if msg := err.Error(); msg != lastErr {
-						log.Infof("fast path on %s: %v; the plugin chain's socket answers meanwhile", fp.srv.Addr, err)
-						lastErr = msg
-					}
-				} else {
-					lastErr = ""
-				}
-				setSteered(err == nil)
-			}
 		}
+		seen := groupsSeen(fp.socks)
 		if failed {
 			retry = min(max(2*retry, time.Second), steerCheck)
 			idle = steerCheck
 			t.Reset(retry)
 		} else {
 			retry = 0
-			if lastGroup != checkedGroup {
+			if seen != checked {
 				idle = steerCheck
 			}
 			t.Reset(idle)
 			idle = min(2*idle, steerCheckMax)
 		}
-		checkedGroup = lastGroup
+		checked = seen
 		select {
 		case <-ctx.Done():
 			return
@@ -141,6 +116,87 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 			idle = steerCheck
 		case <-t.C:
 		}
+	}
+}
+
+// groupsSeen names the groups of socks as keepSteered last steered them.
+func groupsSeen(socks []*groupSocket) string {
+	var b strings.Builder
+	for _, s := range socks {
+		b.WriteString(s.lastGroup)
+		b.WriteByte(';')
+	}
+	return b.String()
+}
+
+// lookAt reads who is in the group of s and steers it, or yields it, as keepSteered says; it reports
+// whether the round finished.
+func (fp *fastPath) lookAt(ctx context.Context, s *groupSocket) bool {
+	group, err := s.group()
+	switch {
+	case err != nil:
+		if msg := err.Error(); msg != s.lastErr {
+			log.Warningf("fast path on %s: reading the %s sockets bound to %s: %v", fp.srv.Addr, s.network, fp.local, err)
+			s.lastErr = msg
+		}
+		return false
+	case nodelocal.UDPGroupTakenOver(fp.local):
+		// This process takes the address over from an older one: the takeover owns the UDP group's
+		// program until the older sockets are gone (see nodelocal.Succession's takeover).
+		fp.setSteered(s, false)
+	case nodelocal.OthersInGroup(group) > 0 || nodelocal.SuccessorQueued():
+		if s.yielded {
+			break
+		}
+		// Only a group steered to this socket is given back: a program another process attached is
+		// that process's business.
+		landed, err := s.probe(ctx)
+		if err != nil {
+			return false // asked again soon
+		}
+		fp.setSteered(s, false)
+		s.yielded = true
+		if !landed {
+			log.Infof("fast path on %s: another process listens on the address too; its %s group is left to it", fp.srv.Addr, s.network)
+			break
+		}
+		if err := s.unsteer(); err != nil {
+			log.Warningf("fast path on %s: %v", fp.srv.Addr, err)
+		}
+		log.Infof("fast path on %s: another process listens on the address too; its %s are spread by the kernel's hash and the group is left to that process", fp.srv.Addr, s.what)
+	default:
+		s.yielded = false
+		if sig := groupSignature(group); sig != s.lastGroup || !s.steered || time.Since(s.lastVerified) >= steerCheck {
+			err := fp.steer(ctx, s, group, true)
+			if ctx.Err() != nil {
+				return false
+			}
+			s.lastGroup, s.lastVerified = sig, time.Now()
+			fp.setSteered(s, err == nil)
+			if err != nil {
+				if msg := err.Error(); msg != s.lastErr {
+					log.Infof("fast path on %s: %v; CoreDNS's own socket takes the %s meanwhile", fp.srv.Addr, err, s.what)
+					s.lastErr = msg
+				}
+				return false
+			}
+			s.lastErr = ""
+		}
+	}
+	return true
+}
+
+// setSteered notes whether the group of s is steered to it.
+func (fp *fastPath) setSteered(s *groupSocket, now bool) {
+	if now == s.steered {
+		return
+	}
+	s.steered = now
+	if s.steered {
+		s.gauge.Inc()
+		log.Infof("fast path on %s: the address's %s come to it", fp.srv.Addr, s.what)
+	} else {
+		s.gauge.Dec()
 	}
 }
 
@@ -154,13 +210,13 @@ func groupSignature(group []nodelocal.ReuseportSocket) string {
 	return fmt.Sprint(inodes)
 }
 
-// steer points the address's reuseport group at the fast path's socket (toUs) or at another socket of this
-// process, and checks with a probe that packets land there. group is the group's sockets, all this
-// process's: another process's group is not this one's to steer. Socket indexes move as sockets leave, so each
-// index is tried until a probe lands where it should.
-func (fp *fastPath) steer(ctx context.Context, group []nodelocal.ReuseportSocket, toUs bool) error {
-	if !slices.ContainsFunc(group, func(s nodelocal.ReuseportSocket) bool { return s.FD == fp.fd }) {
-		return fmt.Errorf("the fast path's socket is no longer bound to %s", fp.local)
+// steer points the group of s at s (toUs) or at another socket of this process, and checks with a probe
+// that packets land there. group is the group's sockets, all this process's: another process's group is
+// not this one's to steer. Socket indexes move as sockets leave, so each index is tried until a probe lands
+// where it should; a probe without an answer ends the try.
+func (fp *fastPath) steer(ctx context.Context, s *groupSocket, group []nodelocal.ReuseportSocket, toUs bool) error {
+	if !slices.ContainsFunc(group, func(m nodelocal.ReuseportSocket) bool { return m.FD == s.fd }) {
+		return fmt.Errorf("the fast path's %s socket is no longer bound to %s", s.network, fp.local)
 	}
 	n := len(group)
 	if n < 2 {
@@ -172,33 +228,32 @@ func (fp *fastPath) steer(ctx context.Context, group []nodelocal.ReuseportSocket
 		order = append(order, uint32(i))
 	}
 	for _, index := range order {
-		if err := nodelocal.SteerUDPGroup(fp.local, index); err != nil {
+		if err := s.steerTo(index); err != nil {
 			return err
 		}
-		landed, err := fp.probeOnce(ctx)
+		landed, err := s.probe(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			continue
+			// Nothing says where packets land (a busy process answers a probe late): the program stays
+			// as it is, which is most likely where it should point, and the round is tried again.
+			return err
 		}
 		if landed == toUs {
 			return nil
 		}
 	}
-	if err := nodelocal.UnsteerUDPGroup(fp.local); err != nil {
+	if err := s.unsteer(); err != nil {
 		return err
 	}
 	if toUs {
-		return fmt.Errorf("no socket index of %s's group sends packets to the fast path; the kernel spreads them by hash", fp.local)
+		return fmt.Errorf("no socket index of %s's %s group sends them to the fast path; the kernel spreads them by hash", fp.local, s.network)
 	}
-	return fmt.Errorf("no socket index of %s's group keeps packets from the fast path; the kernel spreads them by hash", fp.local)
+	return fmt.Errorf("no socket index of %s's %s group keeps them from the fast path; the kernel spreads them by hash", fp.local, s.network)
 }
 
-// probeOnce sends a query to the address and reports whether it landed on the fast path's socket. The query
-// has EDNS version 1: the fast path does not answer it, and CoreDNS's server answers BADVERS before any
-// plugin sees it, so a probe that lands elsewhere changes nothing and is answered at once.
-func (fp *fastPath) probeOnce(ctx context.Context) (landed bool, err error) {
+// probeQuery returns the query a probe sends, and its wire form. It has EDNS version 1: the fast path does
+// not answer it, and CoreDNS's server answers BADVERS before any plugin sees it, so a probe that lands
+// elsewhere changes nothing and is answered at once.
+func probeQuery() (*dns.Msg, []byte, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	q := new(dns.Msg)
@@ -207,6 +262,13 @@ func (fp *fastPath) probeOnce(ctx context.Context) (landed bool, err error) {
 	q.SetEdns0(dns.MinMsgSize, false)
 	q.IsEdns0().SetVersion(1)
 	wire, err := q.Pack()
+	return q, wire, err
+}
+
+// probeOnce sends a probe query (probeQuery) to the address and reports whether it landed on the fast
+// path's socket.
+func (fp *fastPath) probeOnce(ctx context.Context) (landed bool, err error) {
+	q, wire, err := probeQuery()
 	if err != nil {
 		return false, err
 	}
@@ -241,18 +303,30 @@ func (fp *fastPath) probeOnce(ctx context.Context) (landed bool, err error) {
 	if _, err := conn.Write(wire); err != nil {
 		return false, fmt.Errorf("probe %s: %w", fp.local, err)
 	}
+	return awaitProbe(ctx, fp.probeSeen, answered, "probe "+fp.local.String())
+}
+
+// awaitProbe waits for a probe to be seen by the fast path's socket (seen), which means it landed there, or
+// answered by another socket (answered gets nil; an error when the probe's socket failed), for probeWait at
+// most. A probe the fast path saw and then closed may also fail to read: seen wins.
+func awaitProbe(ctx context.Context, seen <-chan struct{}, answered <-chan error, what string) (landed bool, err error) {
 	timer := time.NewTimer(probeWait)
 	defer timer.Stop()
 	select {
-	case <-fp.probeSeen:
+	case <-seen:
 		return true, nil
 	case err := <-answered:
+		select {
+		case <-seen:
+			return true, nil
+		default:
+		}
 		if err != nil {
-			return false, fmt.Errorf("probe %s: no answer: %w", fp.local, err)
+			return false, fmt.Errorf("%s: no answer: %w", what, err)
 		}
 		return false, nil
 	case <-timer.C:
-		return false, fmt.Errorf("probe %s: no answer within %v", fp.local, probeWait)
+		return false, fmt.Errorf("%s: no answer within %v", what, probeWait)
 	case <-ctx.Done():
 		return false, ctx.Err()
 	}

@@ -51,6 +51,24 @@ var (
 		Name:      "fastpath_steered",
 		Help:      "The wirecache fast paths the server's UDP queries are steered to: 1, or 0 when none is (2 briefly, while a reload hands over).",
 	}, []string{"server"})
+	tcpSteered = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "tcp_steered",
+		Help:      "The wirecache TCP listeners the server's new TCP connections are steered to: 1, or 0 when none is and CoreDNS's own listener accepts them, with no bound.",
+	}, []string{"server"})
+	tcpConnections = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "tcp_connections",
+		Help:      "The TCP connections wirecache's TCP listener holds open.",
+	}, []string{"server"})
+	tcpRefused = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: pluginName,
+		Name:      "tcp_refused_total",
+		Help:      "Counter of TCP connections wirecache's TCP listener reset at once, by the bound they met: total (tcp_connections MAX) or client (PER_CLIENT).",
+	}, []string{"server", "reason"})
 	entriesGauge = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: pluginName,

@@ -251,6 +251,21 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.Errf("rcvbuf %s: want 0 (the kernel's default) or %d KiB to %d MiB", args[0], MinRecvBuffer>>10, MaxRecvBuffer>>20)
 				}
 				wc.RecvBuffer = n
+			case "tcp_connections":
+				if len(args) < 1 || len(args) > 2 {
+					return nil, c.ArgErr()
+				}
+				total, err := strconv.Atoi(args[0])
+				if err != nil || total < 1 {
+					return nil, c.Errf("tcp_connections %s: want a number of connections, at least 1", args[0])
+				}
+				perClient := min(total, DefaultTCPConnectionsPerClient)
+				if len(args) == 2 {
+					if perClient, err = strconv.Atoi(args[1]); err != nil || perClient < 1 || perClient > total {
+						return nil, c.Errf("tcp_connections %s %s: want a number of connections per client from 1 to %d", args[0], args[1], total)
+					}
+				}
+				wc.TCPConnections, wc.TCPConnectionsPerClient = total, perClient
 			default:
 				return nil, c.Errf("unknown property '%s'", property)
 			}

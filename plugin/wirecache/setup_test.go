@@ -27,7 +27,8 @@ func TestSetup(t *testing.T) {
 		allZones bool
 		repeats  bool
 		noFast   bool
-		rcvbuf   int64 // -1: none (0)
+		rcvbuf   int64  // -1: none (0)
+		tcp      [2]int // tcp_connections; zero: the defaults
 	}{
 		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
 		{input: "wirecache", keys: []string{"cluster.local:53"}, zones: []string{"cluster.local."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
@@ -71,6 +72,16 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache {\n rcvbuf 1GiB\n}", wantErr: "want 0 (the kernel's default) or 64 KiB to 256 MiB"},
 		{input: "wirecache {\n rcvbuf lots\n}", wantErr: "rcvbuf: "},
 		{input: "wirecache {\n rcvbuf\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n tcp_connections 500 20\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, tcp: [2]int{500, 20}},
+		{input: "wirecache {\n tcp_connections 500\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, tcp: [2]int{500, DefaultTCPConnectionsPerClient}},
+		{input: "wirecache {\n tcp_connections 10\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, tcp: [2]int{10, 10}},
+		{input: "wirecache {\n tcp_connections 1 1\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, tcp: [2]int{1, 1}},
+		{input: "wirecache {\n tcp_connections\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n tcp_connections 1 2 3\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n tcp_connections 0\n}", wantErr: "want a number of connections, at least 1"},
+		{input: "wirecache {\n tcp_connections many\n}", wantErr: "want a number of connections, at least 1"},
+		{input: "wirecache {\n tcp_connections 100 0\n}", wantErr: "per client from 1 to 100"},
+		{input: "wirecache {\n tcp_connections 100 101\n}", wantErr: "per client from 1 to 100"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.input, func(t *testing.T) {
@@ -100,6 +111,12 @@ func TestSetup(t *testing.T) {
 			}
 			if wc.RecvBuffer != tc.rcvbuf {
 				t.Errorf("rcvbuf %d, want %d", wc.RecvBuffer, tc.rcvbuf)
+			}
+			if tc.tcp == [2]int{} {
+				tc.tcp = [2]int{DefaultTCPConnections, DefaultTCPConnectionsPerClient}
+			}
+			if got := [2]int{wc.TCPConnections, wc.TCPConnectionsPerClient}; got != tc.tcp {
+				t.Errorf("tcp_connections %v, want %v", got, tc.tcp)
 			}
 			if wc.FastPath == tc.noFast {
 				t.Errorf("fastpath %v, want %v", wc.FastPath, !tc.noFast)

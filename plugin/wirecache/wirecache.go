@@ -96,6 +96,9 @@ type WireCache struct {
 	// run (a CPU limit's throttling, the collector, a busy node) are dropped beyond it. Zero leaves the
 	// kernel's default.
 	RecvBuffer int64
+	// TCPConnections and TCPConnectionsPerClient bound the TCP connections the fast paths of the instance
+	// accept: at once in all, and at once from one client address (the largest of the blocks' bounds).
+	TCPConnections, TCPConnectionsPerClient int
 
 	allZones   bool
 	store      *store
@@ -107,7 +110,8 @@ type WireCache struct {
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
 func New() *WireCache {
-	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer}
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer,
+		TCPConnections: DefaultTCPConnections, TCPConnectionsPerClient: DefaultTCPConnectionsPerClient}
 	wc.buffers.New = func() any {
 		b := make([]byte, 0, maxEntryWire+optLen)
 		return &b

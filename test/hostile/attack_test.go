@@ -5,13 +5,17 @@ package hostile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
 
 	"github.com/miekg/dns"
 )
@@ -66,10 +70,10 @@ func (r *rig) testAttack(t *testing.T) {
 	var wg sync.WaitGroup
 	var idle, loris []time.Duration
 	var idleErr, lorisErr, heldErr, floodErr error
-	var held, flooded int64
+	var held, heldRefused, flooded int64
 	wg.Go(func() { idle, idleErr = r.hostile.idle(idleConns) })
 	wg.Go(func() { loris, lorisErr = r.hostile.loris(lorisConns) })
-	wg.Go(func() { held, heldErr = r.hostile.held(heldConns) })
+	wg.Go(func() { held, heldRefused, heldErr = r.hostile.held(heldConns) })
 	wg.Go(func() { flooded, floodErr = r.hostile.flood(floodQueries) })
 	wg.Wait()
 	lookups := pod.end()
@@ -86,7 +90,7 @@ func (r *rig) testAttack(t *testing.T) {
 	}
 	t.Logf("idle connections: %d closed by the cache, the last after %v", len(idle), last(idle))
 	t.Logf("slow-loris connections: %d closed by the cache, the last after %v", len(loris), last(loris))
-	t.Logf("held connections: %d queries answered; flood: %d odd queries sent", held, flooded)
+	t.Logf("held connections: %d queries answered, %d connections reset at the cache's bound; flood: %d odd queries sent", held, heldRefused, flooded)
 	t.Logf("well-behaved Pod: %v", lookups)
 	t.Logf("peak during the attack: %v", peak)
 	if lookups.failed > 0 {
@@ -96,14 +100,18 @@ func (r *rig) testAttack(t *testing.T) {
 		t.Error("the well-behaved Pod asked nothing")
 	}
 
-	// Every goroutine the attack cost belongs to a connection it held: one per connection open at once.
-	conns := float64(2 * (idleConns + heldConns + lorisConns))
-	if bound := before.goroutines + conns + 600; peak.goroutines > bound {
-		t.Errorf("%.0f goroutines at the peak, with %.0f connections open: more than %.0f", peak.goroutines, conns, bound)
+	// The cache holds at most its bound of one client's connections (the well-behaved Pod's are another
+	// client's, a few at a time), and every goroutine the attack cost belongs to one of them.
+	perClient := float64(wirecache.DefaultTCPConnectionsPerClient)
+	if peak.tcpConnections > perClient+16 {
+		t.Errorf("%.0f TCP connections open at once at the peak: more than one client's bound, %.0f, and the well-behaved Pod's", peak.tcpConnections, perClient)
+	}
+	if bound := before.goroutines + perClient + 600; peak.goroutines > bound {
+		t.Errorf("%.0f goroutines at the peak, with at most %.0f of the attack's connections open: more than %.0f", peak.goroutines, perClient, bound)
 	}
 	// Resident memory: each connection costs a goroutine's stack and a read buffer, a few KiB.
-	if bound := before.rss + conns*(64<<10) + (64 << 20); peak.rss > bound {
-		t.Errorf("%.1f MiB resident at the peak, with %.0f connections open: more than %.1f MiB", peak.rss/(1<<20), conns, bound/(1<<20))
+	if bound := before.rss + perClient*(64<<10) + (64 << 20); peak.rss > bound {
+		t.Errorf("%.1f MiB resident at the peak, with at most %.0f of the attack's connections open: more than %.1f MiB", peak.rss/(1<<20), perClient, bound/(1<<20))
 	}
 	// Once the attack is over, they come back.
 	var after process
@@ -122,7 +130,17 @@ func (r *rig) testAttack(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("after the attack: %v", after)
+	// The attack opened more connections than the bound: those beyond it were reset.
+	opened := 2 * (idleConns + heldConns + lorisConns)
+	if refused := after.metrics[tcpRefusedMetric] - before.metrics[tcpRefusedMetric]; refused == 0 {
+		t.Errorf("the cache reset none of the attack's %d connections: they were not bounded", opened)
+	} else {
+		t.Logf("the cache reset %.0f of the attack's %d connections at its bound", refused, opened)
+	}
 }
+
+// tcpRefusedMetric counts the connections the cache reset at its bounds.
+const tcpRefusedMetric = "coredns_wirecache_tcp_refused_total"
 
 // settled returns the cache's figures once its goroutines have settled: the fast path ends the goroutines it
 // kept for a burst of misses once they were idle for a second, so two scrapes a second and a half apart
@@ -158,6 +176,11 @@ type hostilePod struct {
 	inPod func(fn func() error) error
 }
 
+// hostilePodIP is the address the hostile Pod's sockets are bound to: a second address of the Pod's
+// namespace, so that the cache tells the hostile Pod from the well-behaved one, as it tells two Pods apart
+// on a node (it bounds the TCP connections of each client address).
+var hostilePodIP = net.ParseIP("10.244.0.3")
+
 // dialMany opens count TCP connections to each of the cache's addresses from the Pod, with dialer if
 // given.
 func (h hostilePod) dialMany(count int, dialer ...net.Dialer) ([]net.Conn, error) {
@@ -165,6 +188,7 @@ func (h hostilePod) dialMany(count int, dialer ...net.Dialer) ([]net.Conn, error
 	if len(dialer) > 0 {
 		d = dialer[0]
 	}
+	d.LocalAddr = &net.TCPAddr{IP: hostilePodIP}
 	var conns []net.Conn
 	err := h.inPod(func() error {
 		for _, p := range pairs {
@@ -255,18 +279,19 @@ func (h hostilePod) loris(count int) ([]time.Duration, error) {
 }
 
 // held opens count connections to each address and sends a hot query on each every heldEvery, heldRounds
-// times; every query must be answered on its connection.
-func (h hostilePod) held(count int) (int64, error) {
+// times. The cache resets those beyond its bound on one client's connections before it answers them
+// (refused); every query on the others must be answered on its connection.
+func (h hostilePod) held(count int) (answered, refused int64, err error) {
 	conns, err := h.dialMany(count)
 	if err != nil {
-		return 0, fmt.Errorf("held connections: %w", err)
+		return 0, 0, fmt.Errorf("held connections: %w", err)
 	}
 	defer func() {
 		for _, c := range conns {
 			c.Close()
 		}
 	}()
-	var answered atomic.Int64
+	var answeredN, refusedN atomic.Int64
 	errs := make([]error, len(conns))
 	var wg sync.WaitGroup
 	for i, c := range conns {
@@ -278,11 +303,15 @@ func (h hostilePod) held(count int) (int64, error) {
 				id := uint16(i*heldRounds + round)
 				query := msg("kubernetes.default.svc.cluster.local.", dns.TypeA, dns.ClassINET)(id)
 				_ = c.SetDeadline(time.Now().Add(closeBound))
-				if err := writeFramed(c, query); err != nil {
-					errs[i] = fmt.Errorf("held connection %d, round %d: %w", i, round+1, err)
+				err := writeFramed(c, query)
+				var reply []byte
+				if err == nil {
+					reply, err = readFramed(c)
+				}
+				if err != nil && round == 0 && resetByPeer(err) {
+					refusedN.Add(1)
 					return
 				}
-				reply, err := readFramed(c)
 				if err != nil {
 					errs[i] = fmt.Errorf("held connection %d, round %d: %w", i, round+1, err)
 					return
@@ -291,12 +320,17 @@ func (h hostilePod) held(count int) (int64, error) {
 					errs[i] = fmt.Errorf("held connection %d, round %d: %s", i, round+1, problem)
 					return
 				}
-				answered.Add(1)
+				answeredN.Add(1)
 			}
 		})
 	}
 	wg.Wait()
-	return answered.Load(), errors.Join(errs...)
+	return answeredN.Load(), refusedN.Load(), errors.Join(errs...)
+}
+
+// resetByPeer reports whether err says the cache reset or closed the connection.
+func resetByPeer(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // flood sends total odd queries over UDP to both addresses, from floodSockets sockets at a time (each used
@@ -329,7 +363,7 @@ func (h hostilePod) flood(total int) (int64, error) {
 					sockets[slot].Close()
 				}
 				p := pairs[slot%len(pairs)]
-				c, err := net.Dial("udp", p.cache)
+				c, err := (&net.Dialer{LocalAddr: &net.UDPAddr{IP: hostilePodIP}}).Dial("udp", p.cache)
 				if err != nil {
 					return err
 				}

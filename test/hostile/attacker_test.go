@@ -118,7 +118,7 @@ func (h hostilePod) attackUntil(stop <-chan struct{}, attacks []string) (done <-
 		case "loris":
 			repeat(func() error { _, err := h.loris(lorisConns); return err })
 		case "held":
-			repeat(func() error { _, err := h.held(heldConns); return err })
+			repeat(func() error { _, _, err := h.held(heldConns); return err })
 		case "flood":
 			repeat(func() error { _, err := h.flood(floodRate); return err }) // a second's worth at a time
 		default:

@@ -4,6 +4,7 @@ package hostile
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -100,6 +101,9 @@ func newRig(tb testing.TB) *rig {
 	n := simnode.New(tb)
 	r := &rig{t: tb, n: n, dir: tb.TempDir()}
 	r.hostile = hostilePod{inPod: func(fn func() error) error { return n.Do(n.PodNS, fn) }}
+	if out, err := n.In(context.Background(), n.PodNS, "ip", "addr", "add", hostilePodIP.String()+"/24", "dev", "eth0"); err != nil {
+		tb.Fatalf("giving the Pod the hostile Pod's address: %v\n%s", err, out)
+	}
 
 	// The cluster DNS: CoreDNS on loopback in its namespace, behind the relay on the Pod IP that breaks some
 	// replies.
@@ -202,6 +206,8 @@ type process struct {
 	goroutines float64
 	rss        float64 // bytes
 	heap       float64 // bytes of heap in use
+	// tcpConnections are the TCP connections the fast paths hold (coredns_wirecache_tcp_connections).
+	tcpConnections float64
 	// metrics are every series of the endpoint, summed by metric name over their labels.
 	metrics map[string]float64
 }
@@ -268,6 +274,7 @@ func (r *rig) scrapeOnce(addr string) (process, error) {
 		}
 		*to = v
 	}
+	p.tcpConnections = p.metrics["coredns_wirecache_tcp_connections"]
 	return p, nil
 }
 
@@ -293,6 +300,7 @@ func (r *rig) sample(interval time.Duration) *sampler {
 			s.peak.goroutines = max(s.peak.goroutines, p.goroutines)
 			s.peak.rss = max(s.peak.rss, p.rss)
 			s.peak.heap = max(s.peak.heap, p.heap)
+			s.peak.tcpConnections = max(s.peak.tcpConnections, p.tcpConnections)
 			s.mu.Unlock()
 			select {
 			case <-s.stop:

@@ -199,7 +199,8 @@ KiB).
 
 {{/*
 A server block's wirecache, its only cache: (list ROOT KIB), at most KIB KiB of answers (its share of
-cacheMemoryMiB), an entry count that lets the bytes bind first (one per 256 bytes), and serve_stale;
+cacheMemoryMiB), an entry count that lets the bytes bind first (one per 256 bytes), tcpConnections when set
+(wirecache's defaults, 1024 and 128, where one is 0), and serve_stale;
 corefile.Template's wireCache.
 */}}
 {{- define "node-local-dns.wirecache" -}}
@@ -207,6 +208,10 @@ corefile.Template's wireCache.
 wirecache {
     capacity {{ div (mul $kib 1024) 256 }}
     max_memory {{ include "node-local-dns.kib" $kib }}
+    {{- with (index . 0).Values.tcpConnections }}{{ if or .max .perClient }}
+    {{- $max := .max | default 1024 | int }}
+    tcp_connections {{ $max }} {{ .perClient | default (min $max 128) }}
+    {{- end }}{{ end }}
     {{- with include "node-local-dns.wirecacheServeStale" (index . 0) }}
     {{ . }}
     {{- end }}

@@ -12,9 +12,11 @@
 // (Idle). When the old sockets are gone the program is replaced by one that returns an index out of range,
 // which makes the kernel fall back to its hash: the next successor starts from the usual spreading.
 //
-// The kernel takes classic BPF for UDP groups only. A TCP listener that closes hands the connections
-// waiting in its accept queue to another listener of its group instead of resetting them when
-// net.ipv4.tcp_migrate_req is 1 (Linux 5.14 and later); MigrateListeners turns that on.
+// TCP listeners take the same program, through a plain TCP listener of the group: an MPTCP listener
+// refuses it (EOPNOTSUPP), and is not matched to its descriptor here either, since the kernel lists its TCP
+// subflow listener under another inode. The succession does not steer TCP groups: a TCP listener that closes
+// hands the connections waiting in its accept queue to another listener of its group instead of resetting
+// them when net.ipv4.tcp_migrate_req is 1 (Linux 5.14 and later); MigrateListeners turns that on.
 //
 // Everything here reads /proc of the calling process and its network namespace, and works on the socket
 // file descriptors the process already has; it needs no capability.
@@ -103,14 +105,20 @@ func Own(network Network, local netip.AddrPort) ([]Socket, error) {
 	return own, nil
 }
 
-// SteerTo makes the kernel send every new UDP packet for local to the socket at index in its reuseport
-// group, through one of the calling process's sockets in it. Indexes follow the order the sockets joined,
-// except that a socket leaving the group hands its index to the last one; so the caller should check where
-// packets land (a probe) rather than trust an index it computed.
+// SteerTo makes the kernel send every new UDP packet or TCP connection for local to the socket at index in
+// its reuseport group, through one of the calling process's sockets in it. Indexes follow the order the
+// sockets joined, except that a socket leaving the group hands its index to the last one; so the caller
+// should check where packets land (a probe) rather than trust an index it computed.
 func SteerTo(network Network, local netip.AddrPort, index uint32) error {
-	if network != UDP {
-		return fmt.Errorf("cannot steer %s: the kernel takes classic BPF for UDP reuseport groups only", network)
+	if err := attachOwn(network, local, index); err != nil {
+		return fmt.Errorf("steer %s %s to socket %d of its group: %w", network, local, index, err)
 	}
+	return nil
+}
+
+// attachOwn sets the program of the group of local through the first of this process's sockets in it
+// that takes one.
+func attachOwn(network Network, local netip.AddrPort, index uint32) error {
 	own, err := Own(network, local)
 	if err != nil {
 		return err
@@ -118,10 +126,12 @@ func SteerTo(network Network, local netip.AddrPort, index uint32) error {
 	if len(own) == 0 {
 		return fmt.Errorf("no %s socket of this process is bound to %s", network, local)
 	}
-	if err := attach(own[0].FD, index); err != nil {
-		return fmt.Errorf("steer %s %s to socket %d of its group: %w", network, local, index, err)
+	for _, s := range own {
+		if err = attach(s.FD, index); err == nil {
+			return nil
+		}
 	}
-	return nil
+	return err
 }
 
 // MigrateReq is the sysctl that makes a closing TCP listener hand its accept queue to another listener of
@@ -181,21 +191,14 @@ func writeSysctl(value string) error {
 
 // Unsteer gives the group of local back to the kernel's hash. It is a no-op for a group without a program.
 func Unsteer(network Network, local netip.AddrPort) error {
-	own, err := Own(network, local)
-	if err != nil {
-		return err
-	}
-	if len(own) == 0 {
-		return fmt.Errorf("no %s socket of this process is bound to %s", network, local)
-	}
 	// An index no group can have: the kernel then picks by hash, as without a program.
-	if err := attach(own[0].FD, ^uint32(0)); err != nil {
+	if err := attachOwn(network, local, ^uint32(0)); err != nil {
 		return fmt.Errorf("give %s %s back to the kernel's hash: %w", network, local, err)
 	}
 	return nil
 }
 
-// attach sets the group's program to one that returns index for every packet.
+// attach sets the group's program to one that returns index for every packet or connection.
 func attach(fd int, index uint32) error {
 	ret := unix.SockFilter{Code: unix.BPF_RET | unix.BPF_K, K: index}
 	prog := unix.SockFprog{Len: 1, Filter: &ret}

@@ -24,6 +24,8 @@ func reuseport(network, address string) (net.Listener, net.PacketConn, error) {
 		}
 		return serr
 	}}
+	// Plain TCP, as node-cache listens (an MPTCP listener takes no program, and hides its descriptor).
+	lc.SetMultipathTCP(false)
 	if network == "udp" {
 		pc, err := lc.ListenPacket(context.Background(), network, address)
 		return nil, pc, err
@@ -121,15 +123,85 @@ func TestSteerUDPToTheNewestSocket(t *testing.T) {
 	}
 }
 
-func TestSteerRefusesTCP(t *testing.T) {
-	l, _, err := reuseport("tcp", "127.0.0.1:0")
+func TestSteerTCPToTheNewestListener(t *testing.T) {
+	old, _, err := reuseport("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	if err := SteerTo(TCP, netip.MustParseAddrPort(l.Addr().String()), 0); err == nil {
-		t.Fatal("SteerTo for TCP succeeded; the kernel has no classic BPF for TCP reuseport groups")
+	defer old.Close()
+	addr := old.Addr().String()
+	next, _, err := reuseport("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer next.Close()
+	local := netip.MustParseAddrPort(addr)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	// queued dials n connections and returns how many wait in each listener's accept queue.
+	queued := func(n int) (o, x uint64) {
+		t.Helper()
+		for range n {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		group, err := Group(TCP, local)
+		if err != nil || len(group) != 2 {
+			t.Fatalf("Group: %v %v, want both listeners", group, err)
+		}
+		for _, s := range group {
+			switch {
+			case s.FD < 0:
+				t.Fatalf("listener %d of this process has no FD", s.Inode)
+			case sameSocket(t, s.FD, old):
+				o = s.Queued
+			default:
+				x = s.Queued
+			}
+		}
+		return o, x
+	}
+
+	// Without a program the kernel spreads the connections over both.
+	o, n := queued(32)
+	if o == 0 || n == 0 || o+n != 32 {
+		t.Fatalf("by hash: old got %d, new got %d of 32", o, n)
+	}
+	// Index 1: the listener that joined last.
+	if err := SteerTo(TCP, local, 1); err != nil {
+		t.Fatalf("SteerTo: %v", err)
+	}
+	o2, n2 := queued(32)
+	if o2 != o || n2 != n+32 {
+		t.Fatalf("steered: old got %d, new got %d of 32", o2-o, n2-n)
+	}
+	if err := Unsteer(TCP, local); err != nil {
+		t.Fatal(err)
+	}
+	if o3, n3 := queued(32); o3 == o2 || n3 == n2 {
+		t.Fatalf("unsteered: old got %d, new got %d of 32", o3-o2, n3-n2)
+	}
+}
+
+// sameSocket reports whether fd is l's descriptor.
+func sameSocket(t *testing.T, fd int, l net.Listener) bool {
+	t.Helper()
+	raw, err := l.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var same bool
+	if err := raw.Control(func(lfd uintptr) { same = int(lfd) == fd }); err != nil {
+		t.Fatal(err)
+	}
+	return same
 }
 
 func TestIdleTCP(t *testing.T) {

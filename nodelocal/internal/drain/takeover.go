@@ -175,8 +175,9 @@ func unmapped(a netip.AddrPort) netip.AddrPort {
 // HandListenersOver stops this process's TCP listeners on endpoints from taking new connections, in the
 // groups where another process listens too: the kernel then gives new connections to the other listeners,
 // and, with net.ipv4.tcp_migrate_req on (MigrateListeners), moves the connections waiting in these
-// listeners' accept queues to them. The kernel has no classic BPF for TCP groups, so this is how an older
-// process stops taking TCP lookups. The listeners stay open for their owners to close as usual; their
+// listeners' accept queues to them. This is how an older process stops taking TCP lookups: a program on
+// the group (SteerTo) would need the successor to steer it, and would leave the older listeners' queues
+// where they are. The listeners stay open for their owners to close as usual; their
 // accept fails from now on. It returns how many listeners it stopped.
 func HandListenersOver(endpoints []netip.AddrPort) (int, error) {
 	stopped := 0
