@@ -57,12 +57,15 @@ const (
 //     the bytes filled (the collector's headroom at GOGC=50 and the binary's pages serving touches).
 //   - tcpConnectionBytes: resident memory per TCP connection a client holds open (a goroutine, a file
 //     descriptor, the read buffer): the hostile tier held 2,500 connections with about 5.5 KiB each, rounded
-//     up. wirecache's fast path bounds them (tcp_connections MAX); the cache holds that many at worst.
+//     up. wirecache's fast path bounds them (tcp_connections MAX); the cache holds that many at worst, and
+//     up to maxHeldRefusals refused ones before their reset, at tcpHeldBytes each (a descriptor, its poller
+//     entry and a timer; no goroutine).
 const (
 	baseBytes          = 24 << 20
 	cacheEntryBytes    = 1200
 	residentPerHeap    = 2.0
 	tcpConnectionBytes = 6 << 10
+	tcpHeldBytes       = 1 << 10
 )
 
 // The wirecache plugin's defaults (DefaultCapacity, DefaultMaxMemory), and a bound on its largest entry in
@@ -75,6 +78,8 @@ const (
 	// DefaultTCPConnectionsPerClient.
 	defaultTCPConnections          = 1024
 	defaultTCPConnectionsPerClient = 128
+	// maxHeldRefusals is wirecache's MaxHeldRefusals.
+	maxHeldRefusals = 1024
 )
 
 // CheckOptions tells Check about the node the Corefile will run on. Every field is optional; a check
@@ -428,8 +433,10 @@ func (c *checker) cacheMemory() {
 			}
 		}
 	}
-	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap) +
-		int64(connections)*tcpConnectionBytes
+	need := int64(baseBytes) + int64(entries)*cacheEntryBytes + int64(float64(wireHeap)*residentPerHeap)
+	if connections > 0 {
+		need += int64(connections)*tcpConnectionBytes + maxHeldRefusals*tcpHeldBytes
+	}
 	if entries+wireEntries == 0 || need <= c.opts.MemoryLimit {
 		return
 	}

@@ -68,7 +68,7 @@ func startTCPFront(srv *dnsserver.Server, local netip.AddrPort, limits *connLimi
 		ln.Close()
 		return nil, err
 	}
-	limited := &limitedListener{Listener: ln, limits: limits,
+	limited := &limitedListener{Listener: ln, limits: limits, refusals: newRefusals(RefusedHold, MaxHeldRefusals),
 		open: tcpConnections.WithLabelValues(srv.Addr), refused: tcpRefused.MustCurryWith(map[string]string{"server": srv.Addr})}
 	f.inner = tcpServer(srv, limited, dns.HandlerFunc(f.serveDNS))
 	if err := activate(f.inner); err != nil {

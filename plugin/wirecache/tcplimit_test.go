@@ -1,8 +1,13 @@
 package wirecache
 
 import (
+	"errors"
+	"net"
 	"net/netip"
+	"os"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestConnLimits counts connections in and out of the bounds.
@@ -33,5 +38,63 @@ func TestConnLimits(t *testing.T) {
 	}
 	if l.open != 0 || len(l.clients) != 0 {
 		t.Errorf("after every release: %d open, %v", l.open, l.clients)
+	}
+}
+
+// TestRefusalsHoldThenReset: a refused connection is held until its hold ends or the listener closes, then
+// reset; one beyond the most held is reset at once.
+func TestRefusalsHoldThenReset(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// connect returns the client's side and the server's of a new connection.
+	connect := func() (client, server net.Conn) {
+		t.Helper()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close() })
+		if server, err = ln.Accept(); err != nil {
+			t.Fatal(err)
+		}
+		return client, server
+	}
+	// readErr returns the error a read on c ends with within wait.
+	readErr := func(c net.Conn, wait time.Duration) error {
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		_, err := c.Read(make([]byte, 1))
+		return err
+	}
+
+	r := newRefusals(time.Hour, 1)
+	heldClient, held := connect()
+	r.refuse(held)
+	resetClient, over := connect()
+	r.refuse(over)
+	if err := readErr(resetClient, time.Minute); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a refusal beyond the most held: %v, want a reset at once", err)
+	}
+	if err := readErr(heldClient, 100*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a held refusal: %v, want it held", err)
+	}
+	if n := r.heldNow(); n != 1 {
+		t.Errorf("%d held, want 1", n)
+	}
+	r.close()
+	if err := readErr(heldClient, time.Minute); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a held refusal once the listener closed: %v, want a reset", err)
+	}
+
+	short := newRefusals(10*time.Millisecond, 1)
+	client, server := connect()
+	short.refuse(server)
+	if err := readErr(client, time.Minute); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a held refusal after its hold: %v, want a reset", err)
+	}
+	if n := short.heldNow(); n != 0 {
+		t.Errorf("%d held after the hold, want 0", n)
 	}
 }

@@ -90,7 +90,7 @@ func (r *rig) testAttack(t *testing.T) {
 	}
 	t.Logf("idle connections: %d closed by the cache, the last after %v", len(idle), last(idle))
 	t.Logf("slow-loris connections: %d closed by the cache, the last after %v", len(loris), last(loris))
-	t.Logf("held connections: %d queries answered, %d connections reset at the cache's bound; flood: %d odd queries sent", held, heldRefused, flooded)
+	t.Logf("held connections: %d queries answered, %d connections refused at the cache's bound; flood: %d odd queries sent", held, heldRefused, flooded)
 	t.Logf("well-behaved Pod: %v", lookups)
 	t.Logf("peak during the attack: %v", peak)
 	if lookups.failed > 0 {
@@ -130,12 +130,12 @@ func (r *rig) testAttack(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("after the attack: %v", after)
-	// The attack opened more connections than the bound: those beyond it were reset.
+	// The attack opened more connections than the bound: those beyond it were refused.
 	opened := 2 * (idleConns + heldConns + lorisConns)
 	if refused := after.metrics[tcpRefusedMetric] - before.metrics[tcpRefusedMetric]; refused == 0 {
-		t.Errorf("the cache reset none of the attack's %d connections: they were not bounded", opened)
+		t.Errorf("the cache refused none of the attack's %d connections: they were not bounded", opened)
 	} else {
-		t.Logf("the cache reset %.0f of the attack's %d connections at its bound", refused, opened)
+		t.Logf("the cache refused %.0f of the attack's %d connections at its bound", refused, opened)
 	}
 }
 
@@ -279,8 +279,8 @@ func (h hostilePod) loris(count int) ([]time.Duration, error) {
 }
 
 // held opens count connections to each address and sends a hot query on each every heldEvery, heldRounds
-// times. The cache resets those beyond its bound on one client's connections before it answers them
-// (refused); every query on the others must be answered on its connection.
+// times. The cache refuses those beyond its bound on one client's connections (it resets them, after a
+// hold) before it answers them; every query on the others must be answered on its connection.
 func (h hostilePod) held(count int) (answered, refused int64, err error) {
 	conns, err := h.dialMany(count)
 	if err != nil {
