@@ -18,8 +18,9 @@
 // hands the connections waiting in its accept queue to another listener of its group instead of resetting
 // them when net.ipv4.tcp_migrate_req is 1 (Linux 5.14 and later); MigrateListeners turns that on.
 //
-// Everything here reads /proc of the calling process and its network namespace, and works on the socket
-// file descriptors the process already has; it needs no capability.
+// Everything here reads /proc of the calling process and its network namespace (and lists TCP listeners
+// through sock_diag, tcpListeners), and works on the socket file descriptors the process already has; it
+// needs no capability.
 package drain
 
 import (
@@ -256,12 +257,13 @@ func ownInodes() (map[uint64]int, error) {
 	return out, nil
 }
 
-// sockets reads the unconnected UDP sockets or the TCP listeners of both families from /proc/net.
+// sockets reads the unconnected UDP sockets of both families from /proc/net, or the TCP listeners
+// (tcpListeners).
 func sockets(network Network) ([]Socket, error) {
-	want := udpClose
 	if network == TCP {
-		want = tcpListen
+		return tcpListeners()
 	}
+	want := udpClose
 	var out []Socket
 	for _, file := range []string{string(network), string(network) + "6"} {
 		f, err := os.Open(filepath.Join("/proc/net", file))

@@ -124,7 +124,15 @@ func TestSteerUDPToTheNewestSocket(t *testing.T) {
 }
 
 func TestSteerTCPToTheNewestListener(t *testing.T) {
-	old, _, err := reuseport("tcp", "127.0.0.1:0")
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		t.Run(host, func(t *testing.T) { testSteerTCP(t, host) })
+	}
+}
+
+// testSteerTCP steers the TCP group of two listeners on host: the kernel spreads connections over both by
+// hash, a program sends them all to the newest, and Unsteer gives them back to the hash.
+func testSteerTCP(t *testing.T, host string) {
+	old, _, err := reuseport("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
