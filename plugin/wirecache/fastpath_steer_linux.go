@@ -284,9 +284,19 @@ func (fp *fastPath) probeOnce(ctx context.Context) (landed bool, err error) {
 		return false, fmt.Errorf("probe %s: %w", fp.local, err)
 	}
 	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(probeWait))
+	answered := probeAnswer(&dns.Conn{Conn: conn}, q.Id)
+	if _, err := conn.Write(wire); err != nil {
+		return false, fmt.Errorf("probe %s: %w", fp.local, err)
+	}
+	return awaitProbe(ctx, fp.probeSeen, answered, "probe "+fp.local.String())
+}
+
+// probeAnswer reads messages on conn, datagrams or length-prefixed, until one has the probe's id, and then
+// sends nil on the channel it returns, or the error a read ended with.
+func probeAnswer(conn *dns.Conn, id uint16) <-chan error {
 	answered := make(chan error, 1)
 	go func() {
-		_ = conn.SetReadDeadline(time.Now().Add(probeWait))
 		buf := make([]byte, dns.MinMsgSize)
 		for {
 			n, err := conn.Read(buf)
@@ -294,16 +304,13 @@ func (fp *fastPath) probeOnce(ctx context.Context) (landed bool, err error) {
 				answered <- err
 				return
 			}
-			if n >= 2 && binary.BigEndian.Uint16(buf) == q.Id {
+			if n >= 2 && binary.BigEndian.Uint16(buf) == id {
 				answered <- nil
 				return
 			}
 		}
 	}()
-	if _, err := conn.Write(wire); err != nil {
-		return false, fmt.Errorf("probe %s: %w", fp.local, err)
-	}
-	return awaitProbe(ctx, fp.probeSeen, answered, "probe "+fp.local.String())
+	return answered
 }
 
 // awaitProbe waits for a probe to be seen by the fast path's socket (seen), which means it landed there, or

@@ -179,21 +179,7 @@ func (f *tcpFront) probeOnce(ctx context.Context) (landed bool, err error) {
 	if err := conn.WriteMsg(q); err != nil {
 		return false, fmt.Errorf("probe %s over TCP: %w", f.local, err)
 	}
-	answered := make(chan error, 1)
-	go func() {
-		for {
-			m, err := conn.ReadMsg()
-			if err != nil {
-				answered <- err
-				return
-			}
-			if m.Id == q.Id {
-				answered <- nil
-				return
-			}
-		}
-	}()
-	return awaitProbe(ctx, f.probeSeen, answered, "probe "+f.local.String()+" over TCP")
+	return awaitProbe(ctx, f.probeSeen, probeAnswer(conn, q.Id), "probe "+f.local.String()+" over TCP")
 }
 
 // queued returns how many connections wait in the front's accept queue.
@@ -211,7 +197,8 @@ func (f *tcpFront) queued() (uint64, error) {
 }
 
 // stop stops serving: the group is already steered away from the front (fastPath.stop). It accepts what
-// waits in its queue, then lets the server close the listener and wait for the connections it serves.
+// waits in its queue, then lets the server close the listener (limitedListener.Close, which resets the
+// refusals held too) and wait for the connections it serves.
 func (f *tcpFront) stop(ctx context.Context) {
 	for deadline := time.Now().Add(passDrainWait); time.Now().Before(deadline); {
 		if n, err := f.queued(); err != nil || n == 0 {
@@ -222,5 +209,4 @@ func (f *tcpFront) stop(ctx context.Context) {
 	if err := f.inner.ShutdownContext(ctx); err != nil {
 		log.Warningf("fast path on %s: stopping the TCP server: %v", f.srv.Addr, err)
 	}
-	f.ln.Close()
 }

@@ -58,8 +58,8 @@ type Socket struct {
 	FD int
 }
 
-// tcpListen is the state of a listening TCP socket in /proc/net/tcp; tcpClose that of an unconnected UDP
-// socket in /proc/net/udp.
+// tcpListen is the kernel's state of a listening TCP socket (TCP_LISTEN, which tcpListeners asks sock_diag
+// for); udpClose that of an unconnected UDP socket in /proc/net/udp.
 const (
 	tcpListen = 0x0A
 	udpClose  = 0x07
