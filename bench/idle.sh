@@ -7,8 +7,9 @@
 #   ROUNDS=5 IDLE=20 bench/idle.sh
 #
 # The simulated node is bench/simnode.sh's (see bench/cpu.sh). Each variant starts afresh, answers a warm-up
-# of WARM lookups (hot names and misses, so that its caches, connections and goroutines are those of a node
-# in use), then gets no query at all for SETTLE s and is measured over the next IDLE s:
+# of WARM lookups on each of its two addresses (hot names and misses, so that its caches, connections and
+# goroutines are those of a node in use, where Pods and the guard's probes ask both), then gets no query at
+# all for SETTLE s and is measured over the next IDLE s:
 #   CPU ms/s   the CPU time of all its threads (the first field of /proc/PID/task/*/schedstat, ns on a CPU),
 #              per second of idle
 #   wakes/s    the context switches of all its threads (voluntary and not, /proc/PID/task/*/status), per
@@ -105,7 +106,7 @@ start_guard() {
 results=$work/results
 : >"$results"
 echo "load: $(uptime | sed 's/.*load average/load average/') on $(nproc) CPUs"
-echo "$ROUNDS rounds: warm-up of $WARM lookups, $SETTLE s to settle, then $IDLE s with no query"
+echo "$ROUNDS rounds: warm-up of $WARM lookups on each address, $SETTLE s to settle, then $IDLE s with no query"
 printf '%-5s %-9s %9s %8s\n' round variant "CPU ms/s" "wakes/s"
 read -r -a variants <<<"$VARIANTS"
 for round in $(seq 1 "$ROUNDS"); do
@@ -118,8 +119,11 @@ for round in $(seq 1 "$ROUNDS"); do
         simnode_ready "$started" svc1.ready.svc.cluster.local
         guard_pid=
         [ "$variant" != guarded ] || start_guard
-        ip netns exec "$ns_pod" dnsperf -s "$LOCAL_IP" -d "$work/queries.warm" -n 1 -Q 2000 >/dev/null 2>&1 ||
-            die "$variant: the warm-up failed"
+        # On both addresses, as a node's Pods and the guard's probes ask both.
+        for ip in "$LOCAL_IP" "$KUBE_DNS_IP"; do
+            ip netns exec "$ns_pod" dnsperf -s "$ip" -d "$work/queries.warm" -n 1 -Q 2000 >/dev/null 2>&1 ||
+                die "$variant: the warm-up on $ip failed"
+        done
         sleep "$SETTLE"
         names=("$variant") procs=("$cache_pid")
         if [ -n "$guard_pid" ]; then

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
+	"time"
+	"unsafe"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
@@ -53,6 +56,9 @@ type fastPaths struct {
 	limits *connLimits
 	// starting counts the listeners being started, so stop waits for them.
 	starting sync.WaitGroup
+	// reloading is set from the instance's OnRestart callbacks on: quietReads leaves the servers' reads alone
+	// (see there). quietFailed notes that it could not find them, logged once.
+	reloading, quietFailed bool
 }
 
 // instanceFastPaths returns the fast paths of c's instance, and whether this call created them.
@@ -110,7 +116,7 @@ func (f *fastPaths) start(srv *dnsserver.Server, blocks map[*dnsserver.Config]*W
 		log.Infof("no fast path on %s: %v; its queries go through the plugin chain", srv.Addr, err)
 		return
 	}
-	fp, err := startFastPath(srv, local, routes, limits)
+	fp, err := startFastPath(srv, local, routes, limits, func() { f.quietReads(srv) })
 	if err != nil {
 		log.Warningf("no fast path on %s: %v; its queries go through the plugin chain", srv.Addr, err)
 		return
@@ -148,6 +154,56 @@ func (f *fastPaths) stop() error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// quietReads takes the read deadline off the sockets CoreDNS's server srv reads its UDP queries from. The fast
+// path calls it whenever it finds its address's UDP group steered to its own socket, so that those sockets
+// get nothing: miekg/dns's server sets a deadline 2 s ahead before each read only so that its read loop wakes
+// to see whether the server stopped, and with nothing to read that woke an idle cache every 2 s for each
+// address, with several of its threads each time. Without the deadline the loop still reads at once what
+// reaches the socket (a probe, the group given back to the kernel's hash), and sets its deadline again until
+// the next look takes it off; the server's Shutdown still ends the read, with a deadline in the past.
+//
+// A deadline taken off after a Shutdown set its own would keep that read waiting until the shutdown gives up
+// and closes the socket (its grace period, 5 s by default). A server stops only at a reload, after the
+// instance's OnRestart callbacks (caddy.Instance.Restart), so from reload on (reloading) nothing is taken off;
+// at the process's end caddy runs the shutdown callbacks and exits without stopping the servers.
+func (f *fastPaths) quietReads(srv *dnsserver.Server) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reloading {
+		return
+	}
+	conns, err := serverPacketConns(srv)
+	if err != nil {
+		if !f.quietFailed {
+			log.Infof("fast path on %s: %v; CoreDNS's UDP read loop keeps waking every 2 s", srv.Addr, err)
+			f.quietFailed = true
+		}
+		return
+	}
+	for _, pc := range conns {
+		// An error is a socket closed by its server's stop, which has nothing left to wake.
+		_ = pc.SetReadDeadline(time.Time{})
+	}
+}
+
+// reload is the instance's OnRestart callback: its servers are about to stop (quietReads).
+func (f *fastPaths) reload() error {
+	f.setReloading(true)
+	return nil
+}
+
+// reloadFailed is its OnRestartFailed callback: the servers serve on.
+func (f *fastPaths) reloadFailed() error {
+	f.setReloading(false)
+	return nil
+}
+
+func (f *fastPaths) setReloading(on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reloading = on
 }
 
 // fastBlock is a block the fast path answers hits for, with its metrics on the server.
@@ -255,6 +311,31 @@ func serverZones(srv *dnsserver.Server) (map[string][]*dnsserver.Config, error) 
 	return out, nil
 }
 
+// serverPacketConns returns the sockets CoreDNS's server reads its UDP queries from: the PacketConn of each of
+// its miekg/dns servers that has one (ServePacket's), none before ServePacket ran. CoreDNS keeps those servers
+// unexported (Server.server, set under the server's lock Server.m) and offers no accessor; they are read under
+// that lock, never written. If a CoreDNS version changes them, this fails and the reads keep their deadlines
+// (TestServerPacketConnsReadsCoreDNS notices first).
+func serverPacketConns(srv *dnsserver.Server) ([]net.PacketConn, error) {
+	v := reflect.ValueOf(srv).Elem()
+	servers, m := v.FieldByName("server"), v.FieldByName("m")
+	if !servers.IsValid() || servers.Kind() != reflect.Array || servers.Type().Elem() != reflect.TypeFor[*dns.Server]() ||
+		!m.IsValid() || m.Type() != reflect.TypeFor[sync.Mutex]() {
+		return nil, errors.New("this CoreDNS version's server does not keep its miekg/dns servers where wirecache reads them")
+	}
+	mu := (*sync.Mutex)(unsafe.Pointer(m.UnsafeAddr()))
+	mu.Lock()
+	defer mu.Unlock()
+	var conns []net.PacketConn
+	for i := range servers.Len() {
+		// A read-only value (unexported field): its pointer is readable, not its interface.
+		if s := (*dns.Server)(servers.Index(i).UnsafePointer()); s != nil && s.PacketConn != nil {
+			conns = append(conns, s.PacketConn)
+		}
+	}
+	return conns, nil
+}
+
 // optionUse is how the fast path treats one field of CoreDNS's server (dnsserver.Server) or of a server
 // block's configuration (dnsserver.Config): every field either changes nothing the fast path does to a
 // datagram, or keeps the address's queries in the plugin chain while it is set.
@@ -296,8 +377,8 @@ var serverFieldUses = map[string]fieldUse{
 	"udpSessionTrackingTTL":         {keepsChain, "proxyproto's UDP session tracking"},
 	"udpSessionTrackingMaxSessions": {keepsChain, "proxyproto's UDP session tracking"},
 	"proxyProtoTLVMetadata":         {keepsChain, "proxyproto's TLV metadata"},
-	"server":                        {serverState, "the server's miekg/dns servers"},
-	"m":                             {serverState, "their lock"},
+	"server":                        {serverState, "the server's miekg/dns servers; the fast path takes the read deadline off the UDP one's socket while its group is steered (quietReads)"},
+	"m":                             {serverState, "their lock, which quietReads reads them under"},
 	"zones":                         {followed, "the blocks by zone: the fast path picks a query's block as the server does"},
 	"graceTimeout":                  {serverState, "how long the server's stop waits; the fast path stops with the instance"},
 	"trace":                         {passedOn, "the trace plugin, which the server only hands out (Tracer); as a plugin ahead of wirecache it keeps its block's hits in the chain"},

@@ -76,6 +76,8 @@ type fastPath struct {
 	socks     []*groupSocket
 	steerStop context.CancelFunc
 	steerDone chan struct{}
+	// quietCoreDNS takes the read deadline off CoreDNS's own UDP socket of the address (fastPaths.quietReads).
+	quietCoreDNS func()
 
 	queries prometheus.Counter
 	passed  prometheus.Counter
@@ -84,9 +86,12 @@ type fastPath struct {
 	lastWriteError atomic.Int64
 }
 
-func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouting, limits *connLimits) (*fastPath, error) {
+// startFastPath starts the fast path of srv on its address local, answering the hits of routes' blocks; limits
+// bound its TCP connections, and quiet takes the read deadline off CoreDNS's own UDP reads
+// (fastPaths.quietReads), called whenever the UDP group is found steered to the fast path.
+func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouting, limits *connLimits, quiet func()) (*fastPath, error) {
 	fp := &fastPath{
-		srv: srv, local: local, v6: local.Addr().Is6(), routes: routes,
+		srv: srv, local: local, v6: local.Addr().Is6(), routes: routes, quietCoreDNS: quiet,
 		probeSeen: make(chan struct{}, 1), steerDone: make(chan struct{}),
 		queries: fastPathQueries.WithLabelValues(srv.Addr), passed: fastPathPassed.WithLabelValues(srv.Addr), steered: fastPathSteered.WithLabelValues(srv.Addr),
 	}

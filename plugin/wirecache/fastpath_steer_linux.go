@@ -33,6 +33,8 @@ type groupSocket struct {
 	// probe sends a probe to the address and reports whether it landed on this socket.
 	probe func(ctx context.Context) (landed bool, err error)
 	gauge prometheus.Gauge
+	// steeredTo runs at each look that finds the group steered to the socket; nil for none.
+	steeredTo func()
 
 	steered, yielded bool
 	lastGroup        string
@@ -49,6 +51,8 @@ func (fp *fastPath) udpSocket() *groupSocket {
 		unsteer: func() error { return nodelocal.UnsteerUDPGroup(fp.local) },
 		probe:   fp.probeOnce,
 		gauge:   fp.steered,
+		// CoreDNS's own socket of the group gets nothing now: its read loop need not wake.
+		steeredTo: fp.quietCoreDNS,
 	}
 }
 
@@ -181,6 +185,9 @@ func (fp *fastPath) lookAt(ctx context.Context, s *groupSocket) bool {
 				return false
 			}
 			s.lastErr = ""
+		}
+		if s.steered && s.steeredTo != nil {
+			s.steeredTo()
 		}
 	}
 	return true

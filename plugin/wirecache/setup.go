@@ -30,6 +30,8 @@ func setup(c *caddy.Controller) error {
 	fast, first := instanceFastPaths(c)
 	if first {
 		c.OnShutdown(fast.stop)
+		c.OnRestart(fast.reload)
+		c.OnRestartFailed(fast.reloadFailed)
 	}
 	c.OnStartup(func() error {
 		// The plugin chain is compiled by now, so the handlers of the whole block are known.
