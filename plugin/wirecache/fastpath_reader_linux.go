@@ -166,7 +166,11 @@ func (r *fastReader) handle(n int) {
 func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain bool) {
 	n, ok := parseWireQuery(b, &r.wq, &r.key)
 	if !ok {
-		return false, false
+		if !r.wq.badVersion {
+			return false, false
+		}
+		r.queueReply(i, badVersionReply(r.room(badVersionReplyLen)[:0], b, &r.wq))
+		return true, false
 	}
 	block := r.fp.routes.route(unsafe.String(&r.key[0], n-5))
 	if block == nil {
@@ -177,11 +181,7 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain boo
 	if e == nil {
 		return false, true
 	}
-	need := len(e.wire(e.plain)) + optLen
-	if cap(r.arena)-len(r.arena) < need {
-		r.flush()
-	}
-	buf := r.arena[len(r.arena):cap(r.arena)]
+	buf := r.room(len(e.wire(e.plain)) + optLen)
 	q := &r.wq.q
 	out, ok := e.render(buf, q, client{v6: r.fp.v6}, now)
 	if !ok {
@@ -196,6 +196,21 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain boo
 			reqSize: len(b), respSize: int(e.chainLen), start: now,
 		})
 	}
+	r.queueReply(i, out)
+	return true, true
+}
+
+// room returns the free part of the batch's arena, at least need bytes, sending the replies so far first if
+// they leave less.
+func (r *fastReader) room(need int) []byte {
+	if cap(r.arena)-len(r.arena) < need {
+		r.flush()
+	}
+	return r.arena[len(r.arena):cap(r.arena)]
+}
+
+// queueReply adds out, written at the start of room's bytes, to the batch's replies, to datagram i's sender.
+func (r *fastReader) queueReply(i int, out []byte) {
 	r.arena = r.arena[:len(r.arena)+len(out)]
 	o := &r.out[r.nOut]
 	r.outIovs[r.nOut].Base = &out[0]
@@ -203,7 +218,6 @@ func (r *fastReader) answer(b []byte, i int, now time.Time) (answered, plain boo
 	o.Hdr = unix.Msghdr{Name: r.hdrs[i].Hdr.Name, Namelen: r.hdrs[i].Hdr.Namelen, Iov: &r.outIovs[r.nOut]}
 	o.Hdr.SetIovlen(1)
 	r.nOut++
-	return true, true
 }
 
 // flush sends the replies of the batch.

@@ -47,6 +47,13 @@ func waitFastPathSteered(t *testing.T, server, addr string) {
 	if _, _, err := c.Exchange(q, addr); err != nil {
 		t.Fatalf("first query to %s: %v", addr, err)
 	}
+	waitSteered(t, server)
+}
+
+// waitSteered waits until the UDP queries of server, whose fast path a query started, are steered to it. The
+// deadline only bounds a failure.
+func waitSteered(t *testing.T, server string) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for gaugeValue(t, fastPathSteered, server) != 1 {
 		if time.Now().After(deadline) {

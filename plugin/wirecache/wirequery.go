@@ -19,6 +19,11 @@ const maxFastQuery = dns.MinMsgSize
 type wireQuery struct {
 	q    query
 	name [maxKeyName]byte
+	// badVersion says that parseWireQuery refused the query only for its EDNS version, above 0, which
+	// CoreDNS's server answers with BADVERS before any plugin (badVersionReply); questionEnd is where its
+	// question ends.
+	badVersion  bool
+	questionEnd int
 }
 
 // parseWireQuery reads a query from its wire format, as parseQuery reads it from the dns.Msg that
@@ -29,6 +34,7 @@ type wireQuery struct {
 //
 // wq.q.name points into wq.name: it is valid until wq is reused.
 func parseWireQuery(b []byte, wq *wireQuery, key *[keyLen]byte) (n int, ok bool) {
+	wq.badVersion = false
 	if len(b) < headerLen || len(b) > maxFastQuery {
 		return 0, false
 	}
@@ -100,6 +106,7 @@ func parseWireQuery(b []byte, wq *wireQuery, key *[keyLen]byte) (n int, ok bool)
 		return 0, false
 	}
 	q.name = unsafe.String(&wq.name[0], l)
+	questionEnd := off
 
 	if arcount == 1 {
 		// The OPT record: root owner, type OPT, class the payload size, TTL the extended RCODE, version
@@ -114,14 +121,17 @@ func parseWireQuery(b []byte, wq *wireQuery, key *[keyLen]byte) (n int, ok bool)
 		if off+rdlen != len(b) {
 			return 0, false
 		}
-		// A version above 0 gets BADVERS from the server before any plugin (edns.Version).
-		if uint8(ttl>>16) != 0 {
-			return 0, false
-		}
 		if !wireOptionsDropped(b[off:]) {
 			return 0, false
 		}
 		off += rdlen
+		// A version above 0 gets BADVERS from the server before any plugin (edns.Version), whatever the
+		// question asks: a query miekg/dns unpacks whole (the record ends the datagram, its options are
+		// well formed) is answered as the server answers it.
+		if uint8(ttl>>16) != 0 {
+			wq.badVersion, wq.questionEnd = true, questionEnd
+			return 0, false
+		}
 		q.edns = true
 		q.flags |= keyEDNS
 		q.udpSize = udpSize
@@ -141,6 +151,21 @@ func parseWireQuery(b []byte, wq *wireQuery, key *[keyLen]byte) (n int, ok bool)
 	key[n+4] = q.flags
 	return n + 5, true
 }
+
+// badVersionReply appends to out the reply CoreDNS's server gives query b, which parseWireQuery refused for
+// its EDNS version alone (wq.badVersion): edns.Version's message as miekg/dns packs it. Its header is the
+// query's ID, QR, opcode QUERY, the query's RD and CD (dns.Msg.SetReply) and rcode BADVERS's low bits, one
+// question and one record; the question is the query's bytes (uncompressed, as parseWireQuery read it, which
+// is how miekg/dns packs it again); the record is an OPT of version 0 with no payload size, flags or options
+// and BADVERS's high bits as its extended rcode.
+func badVersionReply(out, b []byte, wq *wireQuery) []byte {
+	out = append(out, b[0], b[1], 0x80|b[2]&flagRD, b[3]&flagCD|dns.RcodeBadVers&0xf, 0, 1, 0, 0, 0, 0, 0, 1)
+	out = append(out, b[headerLen:wq.questionEnd]...)
+	return append(out, 0, byte(dns.TypeOPT>>8), byte(dns.TypeOPT), 0, 0, dns.RcodeBadVers>>4, 0, 0, 0, 0, 0)
+}
+
+// badVersionReplyLen bounds badVersionReply's length: a header, a question of the longest name and an OPT.
+const badVersionReplyLen = headerLen + 255 + 4 + 11
 
 // flagAD is the AD bit, in the fourth header byte.
 const flagAD = 0x20

@@ -20,6 +20,9 @@ func agreesWithParseQuery(t *testing.T, b []byte) (accepted bool) {
 	var wkey [keyLen]byte
 	wn, ok := parseWireQuery(b, &wq, &wkey)
 	if !ok {
+		if wq.badVersion {
+			repliesAsTheServer(t, b, &wq)
+		}
 		return false
 	}
 	m := new(dns.Msg)
@@ -47,6 +50,34 @@ func agreesWithParseQuery(t *testing.T, b []byte) (accepted bool) {
 		t.Fatalf("%x: parseWireQuery keyed %q, parseQuery %q", b, wkey[:wn], key[:n])
 	}
 	return true
+}
+
+// repliesAsTheServer checks badVersionReply against the reply CoreDNS's server writes for b, which
+// parseWireQuery refused for its EDNS version: b is a query miekg/dns's server accepts and unpacks, of class
+// IN, and the reply is edns.Version's message as miekg/dns packs it, byte for byte.
+func repliesAsTheServer(t *testing.T, b []byte, wq *wireQuery) {
+	t.Helper()
+	m := new(dns.Msg)
+	if err := m.Unpack(b); err != nil {
+		t.Fatalf("parseWireQuery answers %x with BADVERS, which miekg/dns does not unpack: %v", b, err)
+	}
+	if dns.DefaultMsgAcceptFunc(msgHeader(b)) != dns.MsgAccept || m.Question[0].Qclass != dns.ClassINET {
+		t.Fatalf("parseWireQuery answers %x with BADVERS, which the server refuses first", b)
+	}
+	want, err := edns.Version(m)
+	if err == nil {
+		t.Fatalf("parseWireQuery answers %x with BADVERS, which the server passes on", b)
+	}
+	wire, err := want.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := badVersionReply(nil, b, wq); !bytes.Equal(got, wire) {
+		t.Fatalf("%x: BADVERS reply %x, the server's %x", b, got, wire)
+	}
+	if len(wire) > badVersionReplyLen {
+		t.Fatalf("%x: BADVERS reply of %d bytes, above badVersionReplyLen", b, len(wire))
+	}
 }
 
 func msgHeader(b []byte) dns.Header {
@@ -103,6 +134,14 @@ func wireQueries(t *testing.T) (queries [][]byte, plain []bool) {
 		add(m, false)
 	}
 	other(func(m *dns.Msg) { m.IsEdns0().SetVersion(1) })
+	for _, name := range names {
+		other(func(m *dns.Msg) {
+			m.Question[0].Name = name
+			m.IsEdns0().SetVersion(uint8(len(name)))
+			m.IsEdns0().SetDo()
+			m.CheckingDisabled, m.AuthenticatedData, m.Zero, m.RecursionDesired = len(name)%2 == 0, true, len(name)%3 == 0, len(name)%2 == 1
+		})
+	}
 	other(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS })
 	other(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeDS })
 	other(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeAXFR })
