@@ -122,16 +122,17 @@ func TestDifferentialOddQueries(t *testing.T) {
 	// The fast path (started by the queries above) answers those of EDNS versions above 0 itself, as the
 	// server does, where it reads the query whole: not those the server refuses for their class first, nor
 	// those with options it leaves to miekg/dns's unpacking.
-	server := "dns://" + withAddr
 	if runtime.GOOS != "linux" {
 		return
 	}
+	server := "dns://" + withAddr
 	waitSteered(t, server)
+	badVersions := []string{"edns version 1", "edns version 255, DO, CD, AD, Z and no RD", "edns version 1 with a cookie, upper case", "edns version 1 of the root, type 65535, size 0"}
 	read, passed := counterValue(t, fastPathQueries, server), counterValue(t, fastPathPassed, server)
-	for _, name := range []string{"edns version 1", "edns version 255, DO, CD, AD, Z and no RD", "edns version 1 with a cookie, upper case", "edns version 1 of the root, type 65535, size 0"} {
+	for _, name := range badVersions {
 		rawExchange(t, withAddr, queries[name], wait)
 	}
-	if r, p := counterValue(t, fastPathQueries, server)-read, counterValue(t, fastPathPassed, server)-passed; r != 4 || p != 0 {
-		t.Errorf("queries of EDNS versions above 0: the fast path read %v of 4 and passed %v on", r, p)
+	if r, p := counterValue(t, fastPathQueries, server)-read, counterValue(t, fastPathPassed, server)-passed; r != float64(len(badVersions)) || p != 0 {
+		t.Errorf("queries of EDNS versions above 0: the fast path read %v of %d and passed %v on", r, len(badVersions), p)
 	}
 }

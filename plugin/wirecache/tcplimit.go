@@ -120,13 +120,6 @@ func (r *refusals) release(c net.Conn) {
 	}
 }
 
-// heldNow returns how many connections are held.
-func (r *refusals) heldNow() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.held)
-}
-
 // close resets every connection held, and those refused from now on at once.
 func (r *refusals) close() {
 	r.mu.Lock()

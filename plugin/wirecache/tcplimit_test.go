@@ -98,3 +98,10 @@ func TestRefusalsHoldThenReset(t *testing.T) {
 		t.Errorf("%d held after the hold, want 0", n)
 	}
 }
+
+// heldNow returns how many connections r holds.
+func (r *refusals) heldNow() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.held)
+}
