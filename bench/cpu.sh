@@ -42,7 +42,7 @@
 #
 # NODE_CACHE=PATH measures that build instead of building cmd/node-cache as its Dockerfile does;
 # NODE_CACHE_ALT=PATH adds the variant "alt", the shipped one with that build, to measure a change.
-# PERF_DIR=DIR records `perf record -e cpu-clock -g` of the cache over each PERF_PHASE (hits, mixed, misses or loaded; default mixed) into DIR
+# PERF_DIR=DIR records `perf record -e cpu-clock -g` of the cache over each PERF_PHASE (hits, mixed, latency, misses or loaded; default mixed) into DIR
 # (build NODE_CACHE without -s for Go symbols). KEEP=1 keeps the logs. Needs root, iproute2, iptables, dnsperf and unbound (installed with apt-get when missing), go,
 # taskset, 2 CPUs. Kills only the processes it started; removes its namespaces, links and files at exit.
 set -euo pipefail
@@ -143,7 +143,9 @@ for round in $(seq 1 "$ROUNDS"); do
         mixed_miss_us=$(awk -v m="$mixed_us" -v h="$hits_us" -v p="$HOT_PERCENT" \
             'BEGIN { if (p == 100) print "-"; else printf "%.1f", (m - p / 100 * h) / (1 - p / 100) }')
         wait_profile
+        record_profile latency
         simnode_dnsperf "$work/queries.latency" -Q "$RATE" -v
+        wait_profile
         read -r p50 p99 < <(awk '$1 == ">" { print $NF * 1000 }' <<<"$dnsperf_out" | sort -n |
             awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; printf "%.3f %.3f\n", v[int(NR * 0.5 + 0.5)], v[int(NR * 0.99 + 0.5)] }') ||
             die "$variant: no per-query latencies in dnsperf -v output"

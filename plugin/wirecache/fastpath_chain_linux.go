@@ -89,7 +89,7 @@ func (c *chainConn) ReadFrom(p []byte) (int, net.Addr, error) {
 }
 
 // WriteTo implements net.PacketConn.
-func (c *chainConn) WriteTo(p []byte, addr net.Addr) (int, error) { return c.fp.conn.WriteTo(p, addr) }
+func (c *chainConn) WriteTo(p []byte, addr net.Addr) (int, error) { return c.fp.sendTo(p, addr) }
 
 // Close implements net.PacketConn; the socket itself is the fast path's to close.
 func (c *chainConn) Close() error {

@@ -55,11 +55,12 @@ type fastPath struct {
 	v6     bool
 	routes fastRouting
 
-	conn  *net.UDPConn
-	raw   syscall.RawConn
-	fd    int // conn's, to find it among the group's sockets
-	chain *chainConn
-	inner *dns.Server
+	conn   *net.UDPConn
+	raw    syscall.RawConn
+	fd     int // conn's, to find it among the group's sockets
+	family int // conn's: unix.AF_INET or AF_INET6
+	chain  *chainConn
+	inner  *dns.Server
 	// servers answers the plain queries the fast path passes on; nil when the server has TSIG secrets, whose
 	// replies miekg/dns's own writer signs.
 	servers *chainServers
@@ -107,13 +108,8 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		pc.Close()
 		return nil, fmt.Errorf("CoreDNS's server reads its UDP socket through %T, which the fast path cannot read as", pc)
 	}
-	fp.conn = conn
-	if fp.raw, err = fp.conn.SyscallConn(); err != nil {
-		fp.conn.Close()
-		return nil, err
-	}
-	if err := fp.raw.Control(func(fd uintptr) { fp.fd = int(fd) }); err != nil {
-		fp.conn.Close()
+	if err := fp.useSocket(conn); err != nil {
+		conn.Close()
 		return nil, err
 	}
 	if size := routes.recvBuffer(); size > 0 {

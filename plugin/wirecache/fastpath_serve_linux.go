@@ -183,7 +183,7 @@ func (w *chainWriter) Write(b []byte) (int, error) {
 	if w.closed {
 		return 0, errWriteAfterClose
 	}
-	return w.fp.conn.WriteTo(b, w.to)
+	return w.fp.sendTo(b, w.to)
 }
 
 // LocalAddr implements dns.ResponseWriter.

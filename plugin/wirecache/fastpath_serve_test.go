@@ -36,7 +36,10 @@ func newTestChainServers(t *testing.T, handler plugin.Handler) (*chainServers, *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	fp := &fastPath{srv: srv, conn: conn}
+	fp := &fastPath{srv: srv}
+	if err := fp.useSocket(conn); err != nil {
+		t.Fatal(err)
+	}
 	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), passed: make(chan struct{}, 1)}
 	return newChainServers(fp), client
 }

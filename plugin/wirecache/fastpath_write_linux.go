@@ -1,0 +1,131 @@
+//go:build linux
+
+package wirecache
+
+import (
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The replies to the queries the fast path passes on, written to the fast path's socket as its own replies
+// are: raw.
+
+// useSocket makes conn the fast path's socket: the one its readers read and every reply is written to.
+func (fp *fastPath) useSocket(conn *net.UDPConn) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var family int
+	var famErr error
+	if err := raw.Control(func(fd uintptr) {
+		fp.fd = int(fd)
+		family, famErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}); err != nil {
+		return err
+	}
+	if famErr != nil {
+		return os.NewSyscallError("getsockopt SO_DOMAIN", famErr)
+	}
+	fp.conn, fp.raw, fp.family = conn, raw, family
+	return nil
+}
+
+// sendTo writes the datagram b to to through the fast path's socket, as net.UDPConn.WriteTo does, but with
+// the call made raw, as the readers make theirs (fastReader.recv says why): a write through the scheduler
+// wakes the runtime's monitor thread whenever the process was idle, and every reply of CoreDNS's server
+// (each miss) would. It waits, as WriteTo does, while the socket's send buffer is full.
+func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
+	opError := func(err error) error {
+		return &net.OpError{Op: "write", Net: "udp", Source: fp.conn.LocalAddr(), Addr: to, Err: err}
+	}
+	ua, ok := to.(*net.UDPAddr)
+	if !ok || ua == nil {
+		return 0, opError(syscall.EINVAL)
+	}
+	var sa unix.RawSockaddrInet6
+	salen, err := rawSockaddr(fp.family, ua, &sa)
+	if err != nil {
+		return 0, opError(err)
+	}
+	var n int
+	var errno syscall.Errno
+	err = fp.raw.Write(func(fd uintptr) bool {
+		for {
+			r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
+				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&sa)), uintptr(salen))
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			}
+			n, errno = int(r), e
+			return true
+		}
+	})
+	if err == nil && errno != 0 {
+		err = os.NewSyscallError("sendto", errno)
+	}
+	if err != nil {
+		return 0, opError(err)
+	}
+	return n, nil
+}
+
+// rawSockaddr writes to into sa as a socket of family takes a destination, and returns its length: IPv4
+// addresses as IPv4-mapped ones on an IPv6 socket, as the kernel reports their senders there.
+func rawSockaddr(family int, to *net.UDPAddr, sa *unix.RawSockaddrInet6) (uint32, error) {
+	if to.Port < 0 || to.Port > 0xffff {
+		return 0, syscall.EINVAL
+	}
+	switch family {
+	case unix.AF_INET:
+		ip := to.IP.To4()
+		if ip == nil {
+			return 0, syscall.EAFNOSUPPORT
+		}
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		sa4.Family = unix.AF_INET
+		putPort(&sa4.Port, to.Port)
+		copy(sa4.Addr[:], ip)
+		return unix.SizeofSockaddrInet4, nil
+	case unix.AF_INET6:
+		ip := to.IP.To16()
+		if ip == nil {
+			return 0, syscall.EINVAL
+		}
+		sa.Family = unix.AF_INET6
+		putPort(&sa.Port, to.Port)
+		copy(sa.Addr[:], ip)
+		sa.Scope_id = zoneIndex(to.Zone)
+		return unix.SizeofSockaddrInet6, nil
+	}
+	return 0, syscall.EAFNOSUPPORT
+}
+
+// putPort stores port in a sockaddr's port field, in network byte order.
+func putPort(field *uint16, port int) {
+	b := (*[2]byte)(unsafe.Pointer(field))
+	b[0], b[1] = byte(port>>8), byte(port)
+}
+
+// zoneIndex is the interface index an IPv6 zone names: a number, as sockaddrUDP writes it, or an interface's
+// name; 0 for none or a name no interface has, as package net takes it.
+func zoneIndex(zone string) uint32 {
+	if zone == "" {
+		return 0
+	}
+	if i, err := strconv.ParseUint(zone, 10, 32); err == nil {
+		return uint32(i)
+	}
+	if ifi, err := net.InterfaceByName(zone); err == nil {
+		return uint32(ifi.Index)
+	}
+	return 0
+}
