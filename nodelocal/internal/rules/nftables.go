@@ -82,21 +82,23 @@ func (t nftTable) ruleCount() int {
 	return n
 }
 
-// cacheTable is the cache's table for endpoints of both families.
+// cacheTable is the cache's table for endpoints of both families, its rules laid out by traffic (byTraffic).
 func cacheTable(endpoints []Endpoint, comment string) nftTable {
 	if comment == "" {
 		comment = DefaultComment
 	}
 	rules := nftChain{name: nftEndpointsChain}
-	for _, e := range SortEndpoints(append([]Endpoint(nil), endpoints...)) {
+	for _, group := range trafficGroups(endpoints) {
 		for _, to := range []bool{true, false} {
 			dir := "from"
 			if to {
 				dir = "to"
 			}
-			exprs := append(matchEndpoint(e, to), &expr.Notrack{})
-			rules.rules = append(rules.rules, nftRule{exprs: exprs,
-				comment: fmt.Sprintf("%s: %s %s %s/%d", comment, dir, e.Addr, e.Protocol, e.Port)})
+			for _, e := range group {
+				exprs := append(matchEndpoint(e, to), &expr.Notrack{})
+				rules.rules = append(rules.rules, nftRule{exprs: exprs,
+					comment: fmt.Sprintf("%s: %s %s %s/%d", comment, dir, e.Addr, e.Protocol, e.Port)})
+			}
 		}
 	}
 	jump := nftRule{

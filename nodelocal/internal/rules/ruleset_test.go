@@ -301,3 +301,61 @@ COMMIT
 		t.Error("a missing table is not an error")
 	}
 }
+
+// TestRulesLaidOutByTraffic checks where a query over UDP to each of the cache's addresses, and its answer,
+// find their rule in each chain of ours, for both backends: within the first rules (one per address for a
+// query, two per address for an answer, which walks past the queries' rules in OUTPUT), not after every rule
+// of the addresses that sort before theirs.
+func TestRulesLaidOutByTraffic(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("169.254.20.10")}
+	eps := Endpoints(addrs, 53, []uint16{8080, 8181})
+	type packet struct {
+		to   bool // a query (to the address) or an answer (from it)
+		addr netip.Addr
+	}
+	var packets []packet
+	for _, a := range addrs {
+		packets = append(packets, packet{true, a}, packet{false, a})
+	}
+	within := func(p packet) int {
+		if p.to {
+			return len(addrs)
+		}
+		return 2 * len(addrs)
+	}
+
+	rs := NodeCache(IPv4, NodeCacheSpec{Endpoints: eps})
+	for _, c := range rs.Chains {
+		for _, p := range packets {
+			flag, port := "-s", "--sport"
+			if p.to {
+				flag, port = "-d", "--dport"
+			}
+			at := slices.IndexFunc(c.Rules, func(r Rule) bool {
+				return slices.Contains(r, flag) && r[slices.Index(r, flag)+1] == p.addr.String()+"/32" &&
+					slices.Contains(r, "udp") && r[slices.Index(r, port)+1] == "53"
+			})
+			if at < 0 || at >= within(p) {
+				t.Errorf("iptables %s/%s: the rule for %+v is rule %d of %d, want one of the first %d:\n%v", c.Table, c.Name, p, at+1, len(c.Rules), within(p), c.Rules)
+			}
+		}
+	}
+
+	table := cacheTable(eps, "")
+	for _, c := range table.chains {
+		if c.name != nftEndpointsChain {
+			continue
+		}
+		for _, p := range packets {
+			dir := "from"
+			if p.to {
+				dir = "to"
+			}
+			want := fmt.Sprintf("%s: %s %s udp/53", DefaultComment, dir, p.addr)
+			at := slices.IndexFunc(c.rules, func(r nftRule) bool { return r.comment == want })
+			if at < 0 || at >= within(p) {
+				t.Errorf("nftables %s: %q is rule %d of %d, want one of the first %d", c.name, want, at+1, len(c.rules), within(p))
+			}
+		}
+	}
+}
