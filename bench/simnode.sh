@@ -273,6 +273,8 @@ EOF
 #   alt       the shipped variant with another build, $work/node-cache-alt, to compare two builds
 #   unbound   unbound with $work/unbound.conf, after `node-cache -cleanup` takes away the divert a node cache
 #             that ran before left; its addresses go on a portless bridge, as notrack's do
+#   floor     $work/floor-server (simnode_floor) on 169.254.20.10, set up as unbound is: every query answered by one
+#             recvfrom and one sendto, no cache and no upstream
 simnode_start() {
     local variant=$1 dir=$work/$1
     shift
@@ -294,17 +296,21 @@ simnode_start() {
             -pidfile "$dir/node-cache.pid" -health-port 8080 -prometheus-listen-address "$NODE_POD_IP:9253" \
             -lockfile "$dir/nodelocaldns.lock" >"$dir/log" 2>&1 &
         ;;
-    unbound)
+    unbound | floor)
         # A node cache that ran before handed the node to the cluster DNS at exit (a divert of the node-local
         # addresses to kube-dns): take that away, as an uninstall does, or the queries never reach unbound.
         ip netns exec "$ns_node" env XTABLES_LOCKFILE="$dir/xtables.lock" "$work/node-cache" -cleanup \
             -lockfile "$dir/nodelocaldns.lock" >"$dir/cleanup.log" 2>&1 ||
-            die "node-cache -cleanup before unbound failed: $(tail -5 "$dir/cleanup.log")"
+            die "node-cache -cleanup before $variant failed: $(tail -5 "$dir/cleanup.log")"
         in_ns "$ns_node" ip link add ubound type bridge
         in_ns "$ns_node" ip addr add "$LOCAL_IP/32" dev ubound
         in_ns "$ns_node" ip addr add "$KUBE_DNS_IP/32" dev ubound
         in_ns "$ns_node" ip link set ubound up
-        "$@" ip netns exec "$ns_node" unbound -d -c "$work/unbound.conf" >"$dir/log" 2>&1 &
+        if [ "$variant" = unbound ]; then
+            "$@" ip netns exec "$ns_node" unbound -d -c "$work/unbound.conf" >"$dir/log" 2>&1 &
+        else
+            "$@" ip netns exec "$ns_node" "$work/floor-server" "$LOCAL_IP" >"$dir/log" 2>&1 &
+        fi
         ;;
     *)
         die "unknown variant $variant"
@@ -314,11 +320,16 @@ simnode_start() {
     pids+=("$cache_pid")
 }
 
+# simnode_floor: builds bench/floor.c, the floor variant, into $work/floor-server (cc, -O2).
+simnode_floor() {
+    cc -O2 -o "$work/floor-server" bench/floor.c || die "could not build bench/floor.c"
+}
+
 # simnode_ready VARIANT NAME: waits until the cache answers NAME from the Pod and, for node-cache, notrack's
 # rules are in place (node-cache answers before, and the rules are part of the state measured).
 simnode_ready() {
     wait_dns "$ns_pod" "$LOCAL_IP" "$2" || die "$1 does not answer on $LOCAL_IP; see $work/$1/log"
-    [ "$1" != unbound ] || return 0
+    [ "$1" != unbound ] && [ "$1" != floor ] || return 0
     for _ in $(seq 1 100); do
         grep -q 'rules in place' "$work/$1/log" && return 0
         sleep 0.1
@@ -330,7 +341,7 @@ simnode_ready() {
 simnode_stop() {
     kill -TERM "$cache_pid" 2>/dev/null || true
     wait "$cache_pid" 2>/dev/null || true
-    if [ "$1" = unbound ]; then
+    if [ "$1" = unbound ] || [ "$1" = floor ]; then
         in_ns "$ns_node" ip link del ubound
     fi
 }
