@@ -6,8 +6,9 @@
 #   ROUNDS=5 bench/hostile.sh
 #   ATTACKS=flood bench/hostile.sh # one part of the attack only: idle, loris, held, flood (comma-separated)
 #
-# The attack runs from a process of its own in the Pod's namespace (the test binary run again), as a hostile
-# Pod is a process of its own: its goroutines and garbage collector are not the well-behaved Pod's. Each round
+# The attack runs from a process of its own in a Pod network namespace of its own (the test binary run again,
+# in the namespace simnode.Node.AddPod adds), as a hostile Pod is a process and a namespace of its own: its
+# goroutines, garbage collector, sockets and ports are not the well-behaved Pod's. Each round
 # measures the well-behaved Pod (4 workers asking the hot names, every tenth lookup over TCP) twice: back to
 # back, as fast as the cache answers, and paced at 2,000 lookups a second (what a busy node's Pods ask in
 # all); each for 3 s with no attack and for 3 s under the attack (idle and slow-loris connections opened

@@ -23,8 +23,8 @@ const attackerEnv = "NODELOCALDNS_HOSTILE_ATTACKER"
 const attackerUp = "attacker: under way"
 
 // attacker is the hostile Pod of the benchmark: the test binary run again as a process of its own in the
-// Pod's namespace, so that its goroutines, its heap and its garbage collector are not the well-behaved
-// Pod's, as they are not on a node.
+// hostile Pod's namespace, so that its goroutines, its heap, its garbage collector and its sockets are not
+// the well-behaved Pod's, as they are not on a node.
 type attacker struct {
 	p *simnode.Process
 }
@@ -38,7 +38,7 @@ func (r *rig) startAttacker(tb testing.TB, attacks []string) *attacker {
 		tb.Fatalf("finding the test binary to run the attacker: %v", err)
 	}
 	env := append(os.Environ(), attackerEnv+"="+strings.Join(attacks, ","))
-	p := r.n.StartEnv(r.n.PodNS, env, self)
+	p := r.n.StartEnv(r.hostileNS, env, self)
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(p.Output(), attackerUp) {
 		if p.Exited() || time.Now().After(deadline) {
@@ -64,7 +64,7 @@ func (a *attacker) stop(tb testing.TB) {
 // runAttacker is the attacker process: it runs attacks until SIGTERM, and returns its exit code, 1 if an
 // attack failed.
 func runAttacker(attacks []string) int {
-	h := hostilePod{inPod: func(fn func() error) error { return fn() }} // started inside the Pod's namespace
+	h := hostilePod{inPod: func(fn func() error) error { return fn() }} // started inside the hostile Pod's namespace
 	stop := make(chan struct{})
 	terms := make(chan os.Signal, 1)
 	signal.Notify(terms, syscall.SIGTERM, syscall.SIGINT)

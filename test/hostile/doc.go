@@ -1,6 +1,6 @@
 // Package hostile holds the hostile-client tier: the node cache with the shipped configuration
 // (corefile.Render, as the manifests' DaemonSet runs it) on a simulated node (package simnode), asked from the
-// Pod's namespace, on the link-local address and the kube-dns ClusterIP, over UDP and TCP, with what a
+// Pod's namespace and, for the attacks, from a hostile Pod's namespace of its own, on the link-local address and the kube-dns ClusterIP, over UDP and TCP, with what a
 // misbehaving or hostile Pod sends: odd headers, classes, types and EDNS, oversized datagrams, TCP length
 // prefixes split across segments, slow and idle connections by the thousand, one ID from many ports, mixed
 // case, while the cluster DNS gives broken replies for some names.

@@ -513,12 +513,7 @@ func (kp *KubeProxy) end() {
 // name; StartClusterDNSIn runs the cluster DNS there.
 func (n *Node) AddClusterDNSPod() string {
 	n.t.Helper()
-	ns := strings.TrimSuffix(n.DNSNS, "-dns") + "-dns2"
-	n.mustIP("netns", "add", ns)
-	n.extraNS = append(n.extraNS, ns)
-	n.mustIn(ns, "ip", "link", "set", "lo", "up")
-	n.connect(ns, "dns2", SecondClusterDNSPodIP, nodeDNS2SideIP)
-	return ns
+	return n.AddPod("dns2", SecondClusterDNSPodIP, nodeDNS2SideIP)
 }
 
 // StartClusterDNSIn runs the cluster DNS of StartClusterDNS in namespace ns, on ip:53.

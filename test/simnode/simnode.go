@@ -172,6 +172,20 @@ func newNode(t testing.TB, mode KubeProxyMode, setup *KubeProxySetup) *Node {
 	return n
 }
 
+// AddPod adds the network namespace of another Pod, removed with the node's: a Pod of its own (its own
+// sockets and ports, as every Pod on a node has), joined to the node by a veth, ip/24 on its side and nodeIP
+// on the node's, its default route through the node. name tells it from the others (the namespace's suffix
+// and the node side's interface, to-NAME); AddPod returns the namespace.
+func (n *Node) AddPod(name, ip, nodeIP string) string {
+	n.t.Helper()
+	ns := strings.TrimSuffix(n.NodeNS, "-node") + "-" + name
+	n.mustIP("netns", "add", ns)
+	n.extraNS = append(n.extraNS, ns)
+	n.mustIn(ns, "ip", "link", "set", "lo", "up")
+	n.connect(ns, name, ip, nodeIP)
+	return ns
+}
+
 // connect joins namespace ns to the node namespace with a veth pair: ns gets ip/24 and a default route via
 // nodeIP, the node side gets nodeIP/24.
 func (n *Node) connect(ns, name, ip, nodeIP string) {
