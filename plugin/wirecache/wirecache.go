@@ -175,8 +175,8 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 		} else if served, err := wc.serveHit(w, r, e, &q, now, m); served {
 			return dns.RcodeSuccess, err
 		} else {
-			// The reply needs truncation (or compression that depends on the question's case), which the
-			// chain does; its reply is not stored, the entry already answers the other clients.
+			// The entry's question does not pack as the client spelled it (replyFor): the chain answers;
+			// its reply is not stored, the entry already answers the other clients.
 			m.misses.Inc()
 			return plugin.NextOrFailure(wc.Name(), wc.Next, ctx, w, r)
 		}
@@ -230,7 +230,8 @@ func (wc *WireCache) refreshStale(ctx context.Context, w dns.ResponseWriter, r *
 		if served, err := wc.serveStale(w, stale, q, m); served {
 			return dns.RcodeSuccess, err
 		}
-		// The stale reply would need truncation: this client waits for the chain, as without a wait.
+		// The stale reply could not be rendered for this client (replyFor): it waits for the chain, as
+		// without a wait.
 		return wc.replay(w, <-wc.askDetached(ctx, w, r, h, key, q, now, m, nil))
 	}
 	done := wc.askDetached(ctx, w, r, h, key, q, now, m, stale)
@@ -350,25 +351,71 @@ func (wc *WireCache) refreshes(e *entry, res *dns.Msg) bool {
 }
 
 // serveStale writes the reply the expired entry e gives q, with the stale TTL, and counts it; it reports
-// whether it could (it cannot when the reply would need truncation).
+// whether it could.
 func (wc *WireCache) serveStale(w dns.ResponseWriter, e *entry, q *query, m *serverMetrics) (bool, error) {
-	state := request.Request{W: w}
-	c := client{tcp: state.Proto() == "tcp", v6: state.Family() == 2}
-
 	bp := wc.buffers.Get().(*[]byte)
 	defer wc.buffers.Put(bp)
-	if need := len(e.wire(e.plain)) + optLen; cap(*bp) < need {
-		*bp = make([]byte, 0, need)
-	}
-	out, ok := e.renderStale((*bp)[:cap(*bp)], q, c, wc.StaleTTL)
+	out, ok := replyFor(clientOf(w), bp, e, func(buf []byte, c client) ([]byte, bool) { return e.renderStale(buf, q, c, wc.StaleTTL) })
 	if !ok {
 		return false, nil
 	}
 	m.servedStale.Inc()
-	if _, err := w.Write(out); err != nil {
-		return true, plugin.Error(pluginName, err)
+	return true, out.write(w)
+}
+
+// cachedReply is what a reply from the cache writes: the entry's bytes rendered for the client (wire), or,
+// where CoreDNS's server fits the reply to the client itself, the reply whole as a message (msg).
+type cachedReply struct {
+	wire []byte
+	msg  *dns.Msg
+}
+
+// clientOf says how the server writes to w's client.
+func clientOf(w dns.ResponseWriter) client {
+	state := request.Request{W: w}
+	return client{tcp: state.Proto() == "tcp", v6: state.Family() == 2}
+}
+
+// replyFor renders e's reply for client c into *bp with render. Where render cannot, because the reply
+// needs truncation, or compression whose pointers depend on how the client spelled the question, it
+// renders the reply whole, as for TCP, and returns it as a message: CoreDNS's server truncates and
+// compresses it as it writes any plugin's reply (as it does the hits of CoreDNS's cache plugin), where the
+// chain would have been asked again otherwise (each such query went to the upstream: a client without EDNS
+// asking for a large answer, a headless Service's, every time).
+func replyFor(c client, bp *[]byte, e *entry, render func(buf []byte, c client) ([]byte, bool)) (cachedReply, bool) {
+	if need := len(e.wire(e.plain)) + optLen; cap(*bp) < need {
+		*bp = make([]byte, 0, need)
 	}
-	return true, nil
+	if out, ok := render((*bp)[:cap(*bp)], c); ok {
+		return cachedReply{wire: out}, true
+	}
+	if c.tcp {
+		return cachedReply{}, false // expired, or a question that packs otherwise than the stored one
+	}
+	whole, ok := render((*bp)[:cap(*bp)], client{tcp: true, v6: c.v6})
+	if !ok {
+		return cachedReply{}, false
+	}
+	msg := new(dns.Msg)
+	if err := msg.Unpack(whole); err != nil {
+		return cachedReply{}, false
+	}
+	return cachedReply{msg: msg}, true
+}
+
+// write writes the reply to w. Both of miekg/dns's transports copy the bytes before Write returns, so the
+// buffer can be reused.
+func (rp cachedReply) write(w dns.ResponseWriter) error {
+	var err error
+	if rp.msg != nil {
+		err = w.WriteMsg(rp.msg)
+	} else {
+		_, err = w.Write(rp.wire)
+	}
+	if err != nil {
+		return plugin.Error(pluginName, err)
+	}
+	return nil
 }
 
 // serverMetrics returns the metrics of the server handling ctx's query and, the first time, tells the
@@ -392,18 +439,13 @@ func (wc *WireCache) inZones(r *dns.Msg) bool {
 	return len(r.Question) > 0 && plugin.Zones(wc.Zones).Matches(r.Question[0].Name) != ""
 }
 
-// serveHit writes the reply e gives q and counts the hit, and reports whether it could; it cannot when the
-// reply would need truncation. The error is the one writing to the client returned.
+// serveHit writes the reply e gives q and counts the hit, and reports whether it could; it cannot when e has
+// expired meanwhile. The error is the one writing to the client returned.
 func (wc *WireCache) serveHit(w dns.ResponseWriter, r *dns.Msg, e *entry, q *query, now time.Time, m *serverMetrics) (bool, error) {
-	state := request.Request{W: w}
-	c := client{tcp: state.Proto() == "tcp", v6: state.Family() == 2}
-
+	c := clientOf(w)
 	bp := wc.buffers.Get().(*[]byte)
 	defer wc.buffers.Put(bp)
-	if need := len(e.wire(e.plain)) + optLen; cap(*bp) < need {
-		*bp = make([]byte, 0, need)
-	}
-	out, ok := e.render((*bp)[:cap(*bp)], q, c, now)
+	out, ok := replyFor(c, bp, e, func(buf []byte, c client) ([]byte, bool) { return e.render(buf, q, c, now) })
 	if !ok {
 		return false, nil
 	}
@@ -415,11 +457,7 @@ func (wc *WireCache) serveHit(w dns.ResponseWriter, r *dns.Msg, e *entry, q *que
 			reqSize: r.Len(), respSize: int(e.chainLen), start: now,
 		})
 	}
-	// Both of miekg/dns's transports copy the bytes before Write returns, so the buffer can be reused.
-	if _, err := w.Write(out); err != nil {
-		return true, plugin.Error(pluginName, err)
-	}
-	return true, nil
+	return true, out.write(w)
 }
 
 // recorder passes the plugin chain's reply on to the client and keeps it in wire format when it can be
