@@ -65,12 +65,8 @@ cd "$(dirname "$0")/.."
 
 die() { echo "cpu bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS DURATION HOT RATE MISS_RATE MAX_QPS; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
-[[ $NICE =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
-[[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
-[ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: one for the cache, one for dnsperf and the cluster DNS"
+simnode_positive ROUNDS DURATION HOT RATE MISS_RATE MAX_QPS
+simnode_server_settings
 simnode_require_tools go ip iptables iptables-restore dnsperf unbound taskset
 [ -z "${PERF_DIR:-}" ] || command -v perf >/dev/null || die "PERF_DIR needs perf (Debian package linux-perf)"
 

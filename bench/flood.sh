@@ -57,9 +57,7 @@ cd "$(dirname "$0")/.."
 
 die() { echo "flood bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS FLOOD FLOOD_RATE HOT HOT_RATE BUDGET_KIB; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
+simnode_positive ROUNDS FLOOD FLOOD_RATE HOT HOT_RATE BUDGET_KIB
 [ "$HOT" -ge 2 ] || die "HOT must be at least 2"
 simnode_require_tools go ip iptables iptables-restore dnsperf unbound
 

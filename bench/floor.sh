@@ -39,15 +39,9 @@ cd "$(dirname "$0")/.."
 
 die() { echo "floor bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS DURATION HOT; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
-for rate in $RATES; do
-    [[ $rate =~ ^[1-9][0-9]*$ ]] || die "RATES must be positive integers"
-done
-[[ $NICE =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
-[[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
-[ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: one for the server, one for dnsperf and the cluster DNS"
+simnode_positive ROUNDS DURATION HOT
+simnode_rates RATES
+simnode_server_settings
 simnode_require_tools go ip iptables iptables-restore dnsperf unbound taskset cc
 
 work=$(mktemp -d /tmp/floor-bench.XXXXXX)

@@ -38,9 +38,7 @@ cd "$(dirname "$0")/.."
 
 die() { echo "idle bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS IDLE SETTLE WARM; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
+simnode_positive ROUNDS IDLE SETTLE WARM
 simnode_require_tools go ip iptables iptables-restore dnsperf unbound
 
 work=$(mktemp -d /tmp/idle-bench.XXXXXX)

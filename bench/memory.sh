@@ -65,9 +65,7 @@ cd "$(dirname "$0")/.."
 
 die() { echo "memory bench: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
-for v in ROUNDS NAMES DURATION RATE NAMES_RATE NAMES_REPEAT HOT; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
+simnode_positive ROUNDS NAMES DURATION RATE NAMES_RATE NAMES_REPEAT HOT
 [[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
 [ "$HOT" -le "$NAMES" ] || die "HOT must not exceed NAMES"
 simnode_require_tools go ip iptables iptables-restore dnsperf unbound

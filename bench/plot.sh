@@ -170,17 +170,11 @@ if [ -n "${PLOT_ONLY:-}" ]; then
     exit 0
 fi
 
-for v in ROUNDS DURATION IDLE SETTLE HOT MAX_QPS NAMES NAMES_RATE START; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
-for rate in $RATES; do
-    [[ $rate =~ ^[1-9][0-9]*$ ]] || die "RATES must be positive integers"
-done
+simnode_positive ROUNDS DURATION IDLE SETTLE HOT MAX_QPS NAMES NAMES_RATE START
+simnode_rates RATES
 [[ $SAMPLE =~ ^[0-9]*\.?[0-9]+$ ]] || die "SAMPLE must be a number of seconds"
-[[ $NICE =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
-[[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
+simnode_server_settings
 [ "$HOT" -le "$NAMES" ] || die "HOT must not exceed NAMES"
-[ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: one for the cache, one for dnsperf and the cluster DNS"
 simnode_require_tools go ip iptables iptables-restore dnsperf unbound taskset gnuplot
 mkdir -p "$OUT"
 

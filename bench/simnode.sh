@@ -36,6 +36,30 @@ simnode_require_tools() {
 
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
+# simnode_positive VAR...: dies unless each variable named holds a positive integer.
+simnode_positive() {
+    local v
+    for v in "$@"; do
+        [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
+    done
+}
+
+# simnode_rates VAR: dies unless the variable named holds positive integers (a list of query rates).
+simnode_rates() {
+    local rate
+    for rate in ${!1}; do
+        [[ $rate =~ ^[1-9][0-9]*$ ]] || die "$1 must be positive integers"
+    done
+}
+
+# simnode_server_settings: dies unless NICE is an integer, HOT_PERCENT 0-100, and the machine has the 2 CPUs
+# the CPU benchmarks put the server on one of, dnsperf and the cluster DNS on the other.
+simnode_server_settings() {
+    [[ $NICE =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
+    [[ $HOT_PERCENT =~ ^[0-9]+$ && $HOT_PERCENT -le 100 ]] || die "HOT_PERCENT must be 0-100"
+    [ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: one for the server, one for dnsperf and the cluster DNS"
+}
+
 # simnode_cleanup: stops the processes in pids, takes the node down and, unless KEEP is set, removes $work.
 simnode_cleanup() {
     local pid
