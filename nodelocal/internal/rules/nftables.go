@@ -88,17 +88,15 @@ func cacheTable(endpoints []Endpoint, comment string) nftTable {
 		comment = DefaultComment
 	}
 	rules := nftChain{name: nftEndpointsChain}
-	for _, group := range trafficGroups(endpoints) {
+	for _, e := range byTraffic(endpoints) {
 		for _, to := range []bool{true, false} {
 			dir := "from"
 			if to {
 				dir = "to"
 			}
-			for _, e := range group {
-				exprs := append(matchEndpoint(e, to), &expr.Notrack{})
-				rules.rules = append(rules.rules, nftRule{exprs: exprs,
-					comment: fmt.Sprintf("%s: %s %s %s/%d", comment, dir, e.Addr, e.Protocol, e.Port)})
-			}
+			exprs := append(matchEndpoint(e, to), &expr.Notrack{})
+			rules.rules = append(rules.rules, nftRule{exprs: exprs,
+				comment: fmt.Sprintf("%s: %s %s %s/%d", comment, dir, e.Addr, e.Protocol, e.Port)})
 		}
 	}
 	jump := nftRule{

@@ -303,9 +303,8 @@ COMMIT
 }
 
 // TestRulesLaidOutByTraffic checks where a query over UDP to each of the cache's addresses, and its answer,
-// find their rule in each chain of ours, for both backends: within the first rules (one per address for a
-// query, two per address for an answer, which walks past the queries' rules in OUTPUT), not after every rule
-// of the addresses that sort before theirs.
+// find their rule in each chain of ours, for both backends: among the UDP rules, which come first (two per
+// address), not after every rule of the addresses that sort before theirs.
 func TestRulesLaidOutByTraffic(t *testing.T) {
 	addrs := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("169.254.20.10")}
 	eps := Endpoints(addrs, 53, []uint16{8080, 8181})
@@ -317,12 +316,7 @@ func TestRulesLaidOutByTraffic(t *testing.T) {
 	for _, a := range addrs {
 		packets = append(packets, packet{true, a}, packet{false, a})
 	}
-	within := func(p packet) int {
-		if p.to {
-			return len(addrs)
-		}
-		return 2 * len(addrs)
-	}
+	within := func(packet) int { return 2 * len(addrs) }
 
 	rs := NodeCache(IPv4, NodeCacheSpec{Endpoints: eps})
 	for _, c := range rs.Chains {
