@@ -274,13 +274,10 @@ func NodeCache(fam Family, spec NodeCacheSpec) Ruleset {
 	}
 	raw := Chain{Table: Raw, Name: chain, Hooks: []string{"PREROUTING", "OUTPUT"}, JumpComment: comment + ": skip conntrack for the node-local DNS cache"}
 	filter := Chain{Table: Filter, Name: chain, Hooks: []string{"INPUT", "OUTPUT"}, JumpComment: comment + ": accept traffic of the node-local DNS cache"}
-	var eps []Endpoint
-	for _, e := range spec.Endpoints {
-		if FamilyOf(e.Addr) == fam {
-			eps = append(eps, e)
+	for _, e := range byTraffic(spec.Endpoints) {
+		if FamilyOf(e.Addr) != fam {
+			continue
 		}
-	}
-	for _, e := range byTraffic(eps) {
 		if !spec.RepliesOnly {
 			raw.Rules = append(raw.Rules, endpointRule("-d", "--dport", e, comment, "NOTRACK"))
 		}
