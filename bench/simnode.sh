@@ -349,11 +349,15 @@ simnode_floor() {
     cc -O2 -o "$work/floor-server" bench/floor.c || die "could not build bench/floor.c"
 }
 
+# simnode_foreign VARIANT: whether VARIANT is a server other than node-cache (unbound, floor), whose addresses
+# simnode_start puts on a bridge of its own and which puts no rules in place.
+simnode_foreign() { [ "$1" = unbound ] || [ "$1" = floor ]; }
+
 # simnode_ready VARIANT NAME: waits until the cache answers NAME from the Pod and, for node-cache, notrack's
 # rules are in place (node-cache answers before, and the rules are part of the state measured).
 simnode_ready() {
     wait_dns "$ns_pod" "$LOCAL_IP" "$2" || die "$1 does not answer on $LOCAL_IP; see $work/$1/log"
-    [ "$1" != unbound ] && [ "$1" != floor ] || return 0
+    ! simnode_foreign "$1" || return 0
     for _ in $(seq 1 100); do
         grep -q 'rules in place' "$work/$1/log" && return 0
         sleep 0.1
@@ -365,7 +369,7 @@ simnode_ready() {
 simnode_stop() {
     kill -TERM "$cache_pid" 2>/dev/null || true
     wait "$cache_pid" 2>/dev/null || true
-    if [ "$1" = unbound ] || [ "$1" = floor ]; then
+    if simnode_foreign "$1"; then
         in_ns "$ns_node" ip link del ubound
     fi
 }
