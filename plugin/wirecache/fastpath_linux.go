@@ -34,9 +34,8 @@ const (
 	passQueue = 256
 
 	// steerCheck is how soon after a change the fast path reads again who is in its address's group,
-	// besides the changes it hears of (nodelocal.ReuseportChanges), and checks with a probe that the group
-	// still sends packets to it; the wait doubles up to steerCheckMax while the group stays as it was.
-	// probeWait bounds the wait for one probe.
+	// besides the changes it hears of (nodelocal.ReuseportChanges); the wait doubles up to steerCheckMax
+	// while the group stays as it was. probeWait bounds the wait for one probe.
 	steerCheck    = 10 * time.Second
 	steerCheckMax = 5 * time.Minute
 	probeWait     = time.Second

@@ -3,12 +3,18 @@
 package wirecache
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
 
 	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // TestFastPathStopLeavesTheSocket stops an instance and checks that the fast path's socket has left the
@@ -64,4 +70,57 @@ func ownSockets(t *testing.T, local netip.AddrPort, want int) int {
 		}
 	}
 	return n
+}
+
+// TestLookAtProbesOnlyAChangedGroup runs the fast path's looks at a fake group: the first steers it and
+// probes, a look at the same sockets does neither (an idle node's looks cost a read of the group), and a
+// group that changed, or a probe that got no answer, is steered and probed again.
+func TestLookAtProbesOnlyAChangedGroup(t *testing.T) {
+	const ours = 7
+	group := []nodelocal.ReuseportSocket{{Inode: 11, FD: 6}, {Inode: 12, FD: ours}}
+	steeredTo, probes := -1, 0
+	var probeErr error
+	s := &groupSocket{
+		network: "UDP", what: "UDP queries", fd: ours,
+		group:   func() ([]nodelocal.ReuseportSocket, error) { return group, nil },
+		steerTo: func(index uint32) error { steeredTo = int(index); return nil },
+		unsteer: func() error { steeredTo = -1; return nil },
+		probe: func(context.Context) (bool, error) {
+			probes++
+			if probeErr != nil {
+				return false, probeErr
+			}
+			// The fake kernel: the index of ours is its place in the group.
+			return steeredTo >= 0 && group[steeredTo].FD == ours, nil
+		},
+		gauge: promauto.With(nil).NewGauge(prometheus.GaugeOpts{Name: "steered"}), // registered nowhere
+	}
+	fp := &fastPath{srv: &dnsserver.Server{Addr: "dns://127.0.0.1:53"}, local: netip.MustParseAddrPort("127.0.0.1:53")}
+	look := func(step string, wantProbes int, wantSteered bool) {
+		t.Helper()
+		before := probes
+		fp.lookAt(context.Background(), s)
+		if got := probes - before; got != wantProbes {
+			t.Errorf("%s: %d probes, want %d", step, got, wantProbes)
+		}
+		if s.steered != wantSteered {
+			t.Errorf("%s: steered %v, want %v", step, s.steered, wantSteered)
+		}
+	}
+	look("first look", 1, true)
+	look("the same group", 0, true)
+	look("the same group again", 0, true)
+
+	// A socket of this process joins (a reload's new socket): the index of ours may have moved.
+	group = append(group, nodelocal.ReuseportSocket{Inode: 13, FD: 8})
+	look("a socket joined", 3, true) // the newest index first, then from 0: ours is 1
+	look("the grown group", 0, true)
+
+	// The probe gets no answer after a change: the next look tries again.
+	group = group[1:]
+	probeErr = errors.New("no answer")
+	look("a socket left, no answer", 1, false)
+	probeErr = nil
+	look("a socket left, answered", 2, true)
+	look("the shrunk group", 0, true)
 }

@@ -39,7 +39,6 @@ type groupSocket struct {
 	steered, yielded bool
 	lastGroup        string
 	lastErr          string
-	lastVerified     time.Time
 }
 
 // udpSocket returns the fast path's UDP socket as keepSteered steers it.
@@ -67,9 +66,10 @@ func (fp *fastPath) udpSocket() *groupSocket {
 // group. While another process has sockets in a group (a successor that must prove it answers, then takes
 // the node over and steers the group itself), or a successor is queued at the node lock and about to join
 // (nodelocal.SuccessorQueued), the fast path gives the group back to the kernel's hash once, if it was
-// steered to the fast path, and leaves it alone. Otherwise it steers again when the group changed, and
-// checks with a probe at each look that packets still come to it. Each round also ends the goroutines the
-// chainServers keep beyond what the last round needed (trim).
+// steered to the fast path, and leaves it alone. Otherwise it steers again, checking with a probe that
+// packets come to it, when the group changed; a look at a group as it was is a read of its sockets and
+// nothing else. Each round also ends the goroutines the chainServers keep beyond what the last round needed
+// (trim).
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
 	changes, unsubscribe := nodelocal.ReuseportChanges()
@@ -170,12 +170,15 @@ func (fp *fastPath) lookAt(ctx context.Context, s *groupSocket) bool {
 		log.Infof("fast path on %s: another process listens on the address too; its %s are spread by the kernel's hash and the group is left to that process", fp.srv.Addr, s.what)
 	default:
 		s.yielded = false
-		if sig := groupSignature(group); sig != s.lastGroup || !s.steered || time.Since(s.lastVerified) >= steerCheck {
+		// A group of the same sockets as at the last steering, all this process's, sends packets where
+		// they went then: only a socket in the group can attach a program to it, and the kernel moves a
+		// socket's index only when one leaves. So only a changed group is steered and probed again.
+		if sig := groupSignature(group); sig != s.lastGroup || !s.steered {
 			err := fp.steer(ctx, s, group, true)
 			if ctx.Err() != nil {
 				return false
 			}
-			s.lastGroup, s.lastVerified = sig, time.Now()
+			s.lastGroup = sig
 			fp.setSteered(s, err == nil)
 			if err != nil {
 				if msg := err.Error(); msg != s.lastErr {
