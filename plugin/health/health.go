@@ -31,8 +31,9 @@ const (
 	// shutdownTimeout bounds the wait for the requests being answered when the server stops.
 	shutdownTimeout = 5 * time.Second
 
-	// The self-check: first after selfCheckMin, the wait doubling after every answer within selfCheckSlow
-	// up to selfCheckMax, back to selfCheckMin after a slow or failed one; each bounded by selfCheckTimeout.
+	// The self-check: first after selfCheckMin, then every selfCheckMax; after a slow or failed one (not
+	// within selfCheckSlow) again after selfCheckMin, the wait doubling after every quick answer back up to
+	// selfCheckMax; each bounded by selfCheckTimeout.
 	selfCheckMin     = time.Second
 	selfCheckMax     = time.Minute
 	selfCheckSlow    = time.Second
@@ -143,9 +144,11 @@ func selfCheck(ctx context.Context, url string) {
 	// No proxy from the environment, and a connection per request: at these waits, any kept one would have
 	// been closed by the server's idle timeout before the next check.
 	client := &http.Client{Timeout: selfCheckTimeout, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
-	wait := selfCheckMin
-	t := time.NewTimer(wait)
+	// One check soon after the start, so that the metrics have a sample, then on as if the checks before
+	// had answered quickly: a minute apart.
+	t := time.NewTimer(selfCheckMin)
 	defer t.Stop()
+	wait := selfCheckMax
 	for {
 		select {
 		case <-ctx.Done():

@@ -79,8 +79,8 @@ func TestSelfURL(t *testing.T) {
 	}
 }
 
-// The self-check's wait doubles after every quick answer up to selfCheckMax, and starts again from
-// selfCheckMin after a slow or failed one.
+// The self-check's wait starts again from selfCheckMin after a slow or failed answer and doubles after
+// every quick one up to selfCheckMax, where it stays (selfCheck starts there after its first check).
 func TestNextSelfCheck(t *testing.T) {
 	quick := time.Millisecond
 	for _, tc := range []struct {
@@ -89,7 +89,7 @@ func TestNextSelfCheck(t *testing.T) {
 		err        error
 		want       time.Duration
 	}{
-		{"first quick answer", selfCheckMin, quick, nil, 2 * selfCheckMin},
+		{"first quick answer after a slow one", selfCheckMin, quick, nil, 2 * selfCheckMin},
 		{"doubling", 8 * time.Second, quick, nil, 16 * time.Second},
 		{"capped", 40 * time.Second, quick, nil, selfCheckMax},
 		{"at the cap", selfCheckMax, quick, nil, selfCheckMax},
