@@ -232,27 +232,31 @@ func Idle(network Network, endpoints []netip.AddrPort) (bool, error) {
 	return true, nil
 }
 
-// ownInodes maps the inode of each socket the calling process has open to its file descriptor.
+// ownInodes maps the inode of each socket the calling process has open to its file descriptor. It lists the
+// descriptors in /proc/self/fd and asks each for its inode with fstat, which costs a fraction of reading the
+// link that names it (a path walk through procfs): a look at a group on a node with thousands of open
+// connections does it for each.
 func ownInodes() (map[uint64]int, error) {
-	entries, err := os.ReadDir("/proc/self/fd")
+	dir, err := os.Open("/proc/self/fd")
 	if err != nil {
 		return nil, fmt.Errorf("list this process's file descriptors: %w", err)
 	}
-	out := map[uint64]int{}
-	for _, e := range entries {
-		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
-		if err != nil || !strings.HasPrefix(target, "socket:[") {
-			continue // closed meanwhile, or not a socket
-		}
-		ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]"), 10, 64)
+	names, err := dir.Readdirnames(-1)
+	dir.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list this process's file descriptors: %w", err)
+	}
+	out := make(map[uint64]int, len(names))
+	var st unix.Stat_t
+	for _, name := range names {
+		fd, err := strconv.Atoi(name)
 		if err != nil {
 			continue
 		}
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+		if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			continue // closed meanwhile (the directory's own descriptor among them), or not a socket
 		}
-		out[ino] = fd
+		out[st.Ino] = fd
 	}
 	return out, nil
 }

@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -382,5 +384,68 @@ func TestChangesAnnounceTheSuccessor(t *testing.T) {
 	defer SetSuccessorQueued(false)
 	if heard() {
 		t.Error("announced after the subscription ended")
+	}
+}
+
+// ownInodes maps each socket's inode, as /proc/net and the fd's link name it, to its descriptor, and
+// leaves out what is not a socket.
+func TestOwnInodesNamesSockets(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	raw, err := pc.(*net.UDPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ino uint64
+	if _, err := fmt.Sscanf(link, "socket:[%d]", &ino); err != nil {
+		t.Fatalf("fd %d links to %q: %v", fd, link, err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	var pipe unix.Stat_t
+	if err := unix.Fstat(int(r.Fd()), &pipe); err != nil {
+		t.Fatal(err)
+	}
+
+	own, err := ownInodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := own[ino]; !ok || got != fd {
+		t.Errorf("the socket of inode %d: fd %d (found %v), want %d", ino, got, ok, fd)
+	}
+	if got, ok := own[pipe.Ino]; ok {
+		t.Errorf("a pipe's inode %d mapped to fd %d", pipe.Ino, got)
+	}
+}
+
+// BenchmarkOwnInodes reads this process's sockets with 40 of them open, as a look at a group does.
+func BenchmarkOwnInodes(b *testing.B) {
+	for range 40 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pc.Close()
+	}
+	for b.Loop() {
+		if _, err := ownInodes(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
