@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
@@ -123,4 +124,32 @@ func TestLookAtProbesOnlyAChangedGroup(t *testing.T) {
 	probeErr = nil
 	look("a socket left, answered", 2, true)
 	look("the shrunk group", 0, true)
+}
+
+// The looks of two fast paths that started apart fall on the same instants, each no sooner than its wait
+// and less than steerCheck later.
+func TestUntilLookAlignsTheFastPaths(t *testing.T) {
+	start := time.Date(2026, 12, 4, 21, 0, 3, 123456789, time.UTC)
+	a, b := start, start.Add(2345*time.Millisecond) // the second address's first query came later
+	waitA, waitB := steerCheck, steerCheck
+	for round := range 6 {
+		dA, dB := untilLook(a, waitA), untilLook(b, waitB)
+		for _, c := range []struct {
+			name       string
+			d, wait    time.Duration
+			now, atNow time.Time
+		}{{"first", dA, waitA, a, a.Add(dA)}, {"second", dB, waitB, b, b.Add(dB)}} {
+			if c.d < c.wait || c.d >= c.wait+steerCheck {
+				t.Errorf("round %d, %s: %v for a wait of %v", round, c.name, c.d, c.wait)
+			}
+			if !c.atNow.Truncate(steerCheck).Equal(c.atNow) {
+				t.Errorf("round %d, %s: the look at %v is not on a multiple of %v", round, c.name, c.atNow, steerCheck)
+			}
+		}
+		if !a.Add(dA).Equal(b.Add(dB)) {
+			t.Errorf("round %d: looks at %v and %v", round, a.Add(dA), b.Add(dB))
+		}
+		a, b = a.Add(dA), b.Add(dB)
+		waitA, waitB = min(2*waitA, steerCheckMax), min(2*waitB, steerCheckMax)
+	}
 }

@@ -58,7 +58,8 @@ func (fp *fastPath) udpSocket() *groupSocket {
 // keepSteered steers each of the address's groups (UDP, and TCP with a tcpFront) to the fast path's socket
 // in it, and checks who is in the groups whenever this process hears that they may have changed
 // (nodelocal.ReuseportChanges: a successor queued or left, a takeover began or ended) and besides:
-// steerCheck after a change, the wait doubling up to steerCheckMax while the groups stay as they were, so
+// steerCheck after a change, the wait doubling up to steerCheckMax while the groups stay as they were (each
+// look put off to the clock's next multiple of steerCheck: untilLook), so
 // that an idle node wakes it seldom (a group that changed unheard of, a stray process joining, leaves
 // packets and connections to CoreDNS's own sockets, which answer them, until the next look). While this
 // process takes the address over from an older one (nodelocal.UDPGroupTakenOver) it leaves the groups
@@ -109,7 +110,7 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 			if seen != checked {
 				idle = steerCheck
 			}
-			t.Reset(idle)
+			t.Reset(untilLook(time.Now(), idle))
 			idle = min(2*idle, steerCheckMax)
 		}
 		checked = seen
@@ -121,6 +122,18 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// untilLook is the wait from now until the next look, wait from now put off to the next whole multiple of
+// steerCheck on the clock: the fast paths of a process (one per address) start at their first queries and
+// double their waits from there, and so aligned their looks fall in the same wake-up of an idle process.
+func untilLook(now time.Time, wait time.Duration) time.Duration {
+	at := now.Add(wait)
+	if aligned := at.Truncate(steerCheck); !aligned.Equal(at) {
+		at = aligned.Add(steerCheck)
+	}
+	// Truncate reads the wall clock, which can be set: the wait stays between wait and wait+steerCheck.
+	return min(max(at.Sub(now), wait), wait+steerCheck)
 }
 
 // groupsSeen names the groups of socks as keepSteered last steered them.
