@@ -135,15 +135,15 @@ func TestUntilLookAlignsTheFastPaths(t *testing.T) {
 	for round := range 6 {
 		dA, dB := untilLook(a, waitA), untilLook(b, waitB)
 		for _, c := range []struct {
-			name       string
-			d, wait    time.Duration
-			now, atNow time.Time
-		}{{"first", dA, waitA, a, a.Add(dA)}, {"second", dB, waitB, b, b.Add(dB)}} {
+			name    string
+			d, wait time.Duration
+			at      time.Time
+		}{{"first", dA, waitA, a.Add(dA)}, {"second", dB, waitB, b.Add(dB)}} {
 			if c.d < c.wait || c.d >= c.wait+steerCheck {
 				t.Errorf("round %d, %s: %v for a wait of %v", round, c.name, c.d, c.wait)
 			}
-			if !c.atNow.Truncate(steerCheck).Equal(c.atNow) {
-				t.Errorf("round %d, %s: the look at %v is not on a multiple of %v", round, c.name, c.atNow, steerCheck)
+			if !c.at.Truncate(steerCheck).Equal(c.at) {
+				t.Errorf("round %d, %s: the look at %v is not on a multiple of %v", round, c.name, c.at, steerCheck)
 			}
 		}
 		if !a.Add(dA).Equal(b.Add(dB)) {
