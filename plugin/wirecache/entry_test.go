@@ -456,13 +456,22 @@ func TestParseQuery(t *testing.T) {
 		}
 	}
 
-	ineligible := map[string]*dns.Msg{}
+	// Options no plugin registered are dropped from every reply, as *cache* drops them: the query is the
+	// plain one's.
 	nsid := newQuery("www.example.org.", dns.TypeA, 1232, false)
 	nsid.IsEdns0().Option = []dns.EDNS0{&dns.EDNS0_NSID{Code: dns.EDNS0NSID}}
-	ineligible["NSID option"] = nsid
 	ecs := newQuery("www.example.org.", dns.TypeA, 1232, false)
 	ecs.IsEdns0().Option = []dns.EDNS0{&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: net.IPv4(192, 0, 2, 0)}}
-	ineligible["client subnet"] = ecs
+	for name, m := range map[string]*dns.Msg{"NSID option": nsid, "client subnet": ecs} {
+		if k, ok := keyOf(m); !ok || k != base {
+			t.Errorf("%s query: eligible %t, same key %t; want the plain query's key", name, ok, k == base)
+		}
+	}
+
+	ineligible := map[string]*dns.Msg{}
+	registered := newQuery("www.example.org.", dns.TypeA, 1232, false)
+	registered.IsEdns0().Option = []dns.EDNS0{&dns.EDNS0_LOCAL{Code: registeredOption, Data: []byte{1}}}
+	ineligible["option a plugin registered"] = registered
 	tsig := newQuery("www.example.org.", dns.TypeA, 0, false)
 	tsig.SetTsig("key.", dns.HmacSHA256, 300, 0)
 	ineligible["TSIG"] = tsig

@@ -86,16 +86,14 @@ func parseQuery(r *dns.Msg, key *[keyLen]byte) (q query, n int, ok bool) {
 }
 
 // optionsDropped reports whether the server drops every option of the client's OPT from a reply built from
-// the cache (request.Request.SizeAndDo keeps only options a plugin registered), and whether none of them can
-// change the answer. Only cookies and padding qualify; a query with NSID, client subnet or any other option
-// goes through the plugin chain.
+// the cache: request.Request.SizeAndDo keeps only the options a plugin registered (edns.SupportedOption), and
+// *cache* answers a query whatever else it carries (NSID, client subnet, an unknown code), from the entry of
+// the same question. A registered option goes through the plugin chain, whose reply keeps it. The plugins
+// that act on an option without registering it (nsid, geoip) run ahead of wirecache, so they have seen the
+// query, and the fast path, which skips them, does not run in their blocks (fastPathReasons).
 func optionsDropped(opt *dns.OPT) bool {
 	for _, o := range opt.Option {
-		code := o.Option()
-		if code != dns.EDNS0COOKIE && code != dns.EDNS0PADDING {
-			return false
-		}
-		if edns.SupportedOption(code) {
+		if edns.SupportedOption(o.Option()) {
 			return false
 		}
 	}

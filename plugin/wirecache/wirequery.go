@@ -170,8 +170,8 @@ const badVersionReplyLen = headerLen + 255 + 4 + 11
 // flagAD is the AD bit, in the fourth header byte.
 const flagAD = 0x20
 
-// wireOptionsDropped is optionsDropped for the options of an OPT record in wire format: each one well formed
-// and a cookie or padding, which a reply from the cache drops (miekg/dns unpacks either at any length).
+// wireOptionsDropped is optionsDropped for the options of an OPT record in wire format: each one well formed,
+// as miekg/dns unpacks it (optionUnpacks), and none registered by a plugin.
 func wireOptionsDropped(rdata []byte) bool {
 	for len(rdata) > 0 {
 		if len(rdata) < 4 {
@@ -181,10 +181,46 @@ func wireOptionsDropped(rdata []byte) bool {
 		if 4+l > len(rdata) {
 			return false
 		}
-		if code != dns.EDNS0COOKIE && code != dns.EDNS0PADDING || edns.SupportedOption(code) {
+		if !optionUnpacks(code, rdata[4:4+l]) || edns.SupportedOption(code) {
 			return false
 		}
 		rdata = rdata[4+l:]
+	}
+	return true
+}
+
+// optionUnpacks reports whether miekg/dns unpacks data as the option code: most codes at any length, a few
+// only at the lengths and values their type allows (its unpack methods), without which it refuses the whole
+// query (FORMERR from the server). The reporting channel's agent domain, a name, is left to miekg/dns: such
+// a query goes to the chain. TestOptionUnpacksAsMiekg holds this to miekg/dns for every code.
+func optionUnpacks(code uint16, data []byte) bool {
+	switch code {
+	case dns.EDNS0LLQ:
+		return len(data) >= 18
+	case dns.EDNS0UL:
+		return len(data) == 4 || len(data) == 8
+	case dns.EDNS0SUBNET:
+		if len(data) < 4 {
+			return false
+		}
+		family, source, scope := binary.BigEndian.Uint16(data), data[2], data[3]
+		switch family {
+		case 0:
+			return source == 0
+		case 1:
+			return source <= 32 && scope <= 32
+		case 2:
+			return source <= 128 && scope <= 128
+		}
+		return false
+	case dns.EDNS0EXPIRE:
+		return len(data) == 0 || len(data) >= 4
+	case dns.EDNS0TCPKEEPALIVE:
+		return len(data) == 0 || len(data) == 2
+	case dns.EDNS0EDE, dns.EDNS0ZONEVERSION:
+		return len(data) >= 2
+	case dns.EDNS0REPORTING:
+		return false
 	}
 	return true
 }

@@ -124,8 +124,10 @@ func wireQueries(t *testing.T) (queries [][]byte, plain []bool) {
 	}
 	add(withOptions(&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0123456789abcdef"}), true)
 	add(withOptions(&dns.EDNS0_PADDING{Padding: make([]byte, 40)}), true)
-	add(withOptions(&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: []byte{192, 0, 2, 0}}), false)
-	add(withOptions(&dns.EDNS0_NSID{Code: dns.EDNS0NSID}), false)
+	add(withOptions(&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: []byte{192, 0, 2, 0}}), true)
+	add(withOptions(&dns.EDNS0_NSID{Code: dns.EDNS0NSID}), true)
+	add(withOptions(&dns.EDNS0_LOCAL{Code: 65001, Data: []byte("any")}, &dns.EDNS0_EXPIRE{Code: dns.EDNS0EXPIRE, Empty: true}), true)
+	add(withOptions(&dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE}, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeOther}), true)
 
 	// Shapes only CoreDNS's server or its plugin chain may answer.
 	other := func(edit func(m *dns.Msg)) {
@@ -212,4 +214,62 @@ func mustPack(tb testing.TB, m *dns.Msg) []byte {
 		tb.Fatal(err)
 	}
 	return b
+}
+
+// registeredOption is an EDNS option code a plugin registered (as rewrite registers the options it sets):
+// the server keeps it in replies, so a query carrying it goes to the chain.
+const registeredOption = 65100
+
+func init() { edns.SetSupportedOption(registeredOption) }
+
+// TestOptionUnpacksAsMiekg gives the fast path a query with each EDNS option code, with data of the lengths
+// and values miekg/dns's option types check, and requires that it read exactly those miekg/dns unpacks (and
+// parseQuery reads alike), except the reporting channel's and registered options, which it leaves to the
+// chain.
+func TestOptionUnpacksAsMiekg(t *testing.T) {
+	base := mustPack(t, newQuery("www.example.org.", dns.TypeA, 1232, false))
+	withOption := func(code uint16, data []byte) []byte {
+		b := append(bytes.Clone(base), 0, 0, 0, 0)
+		binary.BigEndian.PutUint16(b[len(base):], code)
+		binary.BigEndian.PutUint16(b[len(base)+2:], uint16(len(data)))
+		b = append(b, data...)
+		binary.BigEndian.PutUint16(b[len(base)-2:], uint16(4+len(data))) // the OPT record's RDLENGTH
+		return b
+	}
+	var shapes [][]byte
+	for l := range 20 {
+		shapes = append(shapes, make([]byte, l), bytes.Repeat([]byte{0xff}, l))
+	}
+	for _, family := range []uint16{0, 1, 2, 3} {
+		for _, mask := range []byte{0, 24, 32, 33, 128, 129} {
+			for _, scope := range []byte{0, 32, 33, 128, 129} {
+				shapes = append(shapes, []byte{byte(family >> 8), byte(family), mask, scope, 10, 0, 0, 0})
+			}
+		}
+	}
+	shapes = append(shapes, []byte{3, 'n', 'e', 't', 0}, []byte{0xc0, 0})
+	read := 0
+	for code := range 1 << 16 {
+		tried := shapes
+		if code > 32 && code != registeredOption {
+			tried = shapes[:6] // every other code is miekg/dns's EDNS0_LOCAL: any data
+		}
+		for _, data := range tried {
+			b := withOption(uint16(code), data)
+			accepted := agreesWithParseQuery(t, b)
+			if accepted {
+				read++
+				continue
+			}
+			if code == dns.EDNS0REPORTING || code == registeredOption {
+				continue
+			}
+			if err := new(dns.Msg).Unpack(b); err == nil {
+				t.Fatalf("option %d with data %x: miekg/dns unpacks it, the fast path does not read it", code, data)
+			}
+		}
+	}
+	if read == 0 {
+		t.Fatal("no query with an option was read")
+	}
 }
