@@ -5,6 +5,9 @@
 #   bench/hostile.sh               # 3 rounds
 #   ROUNDS=5 bench/hostile.sh
 #   ATTACKS=flood bench/hostile.sh # one part of the attack only: idle, loris, held, flood (comma-separated)
+#   ATTACKS=flood FLOOD='^class ' bench/hostile.sh
+#                                  # the flood of only the odd cases (test/hostile/cases_test.go) whose names
+#                                  # the regular expression matches
 #
 # The attack runs from a process of its own in a Pod network namespace of its own (the test binary run again,
 # in the namespace simnode.Node.AddPod adds), as a hostile Pod is a process and a namespace of its own: its
@@ -30,7 +33,8 @@ set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 ATTACKS=${ATTACKS:-idle,loris,held,flood}
+FLOOD=${FLOOD:-}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "hostile bench: ROUNDS must be a positive integer" >&2; exit 1; }
 cd "$(dirname "$0")/.."
-HOSTILE_ROUNDS=$ROUNDS HOSTILE_ATTACKS=$ATTACKS NODELOCALDNS_REQUIRE_PRIVILEGED=1 \
+HOSTILE_ROUNDS=$ROUNDS HOSTILE_ATTACKS=$ATTACKS HOSTILE_FLOOD=$FLOOD NODELOCALDNS_REQUIRE_PRIVILEGED=1 \
     go test -count=1 -run '^$' -bench '^BenchmarkHotLookupsUnderAttack$' -benchtime 1x -v ./test/hostile/

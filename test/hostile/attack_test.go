@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -174,6 +175,9 @@ func last(ds []time.Duration) time.Duration {
 type hostilePod struct {
 	// inPod runs fn where the sockets it creates belong to the hostile Pod's namespace.
 	inPod func(fn func() error) error
+	// floodCases, when set, picks the odd cases the flood sends by name (the benchmark's HOSTILE_FLOOD);
+	// unset, it sends them all.
+	floodCases *regexp.Regexp
 }
 
 // The hostile Pod is a Pod of its own, as on a node: its own network namespace, address and veth. The cache
@@ -342,14 +346,9 @@ func resetByPeer(err error) bool {
 // for 50 queries, then replaced), at most floodRate a second, and reads nothing: what the cache answers
 // was compared already, this is about what it costs.
 func (h hostilePod) flood(total int) (int64, error) {
-	var queries [][]byte
-	for _, c := range oddCases() {
-		if c.timeout != 0 {
-			continue // the broken upstream's replies take seconds; a flood of them is a slow upstream's test
-		}
-		for _, q := range c.queries {
-			queries = append(queries, q(0x0f0f))
-		}
+	queries := floodSent(h.floodCases)
+	if len(queries) == 0 {
+		return 0, fmt.Errorf("no odd case's name matches %v", h.floodCases)
 	}
 	var sent int64
 	err := h.inPod(func() error {
@@ -386,6 +385,22 @@ func (h hostilePod) flood(total int) (int64, error) {
 		return nil
 	})
 	return sent, err
+}
+
+// floodSent returns the queries the flood sends: those of every odd case, or of the cases whose names
+// cases matches when it is set, but the broken upstream's, whose replies take seconds (a flood of them is a
+// slow upstream's test).
+func floodSent(cases *regexp.Regexp) [][]byte {
+	var queries [][]byte
+	for _, c := range oddCases() {
+		if c.timeout != 0 || cases != nil && !cases.MatchString(c.name) {
+			continue
+		}
+		for _, q := range c.queries {
+			queries = append(queries, q(0x0f0f))
+		}
+	}
+	return queries
 }
 
 // podLookups counts a well-behaved Pod's lookups.

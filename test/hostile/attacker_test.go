@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +19,10 @@ import (
 // attackerEnv, set to a comma-separated list of attacks, makes the test binary the benchmark's attacker
 // process instead of running tests (see TestMain).
 const attackerEnv = "NODELOCALDNS_HOSTILE_ATTACKER"
+
+// floodEnv, a regular expression, narrows the flood to the odd cases whose names it matches (oddCases), in
+// the benchmark's attacker process, which inherits it from the benchmark.
+const floodEnv = "HOSTILE_FLOOD"
 
 // attackerUp is what the attacker process prints once every attack has started.
 const attackerUp = "attacker: under way"
@@ -65,6 +70,9 @@ func (a *attacker) stop(tb testing.TB) {
 // attack failed.
 func runAttacker(attacks []string) int {
 	h := hostilePod{inPod: func(fn func() error) error { return fn() }} // started inside the hostile Pod's namespace
+	if v := os.Getenv(floodEnv); v != "" {
+		h.floodCases = regexp.MustCompile(v) // the benchmark checked it before starting this process
+	}
 	stop := make(chan struct{})
 	terms := make(chan os.Signal, 1)
 	signal.Notify(terms, syscall.SIGTERM, syscall.SIGINT)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +26,8 @@ import (
 //
 //	HOSTILE_ROUNDS=5 go test -run '^$' -bench HotLookupsUnderAttack -benchtime 1x ./test/hostile/
 //
-// HOSTILE_ATTACKS narrows the mix to some of idle, loris, held and flood (comma-separated). Each round also
+// HOSTILE_ATTACKS narrows the mix to some of idle, loris, held and flood (comma-separated), and HOSTILE_FLOOD
+// (a regular expression) the flood to the odd cases whose names it matches. Each round also
 // logs the CPU time the cache used in each window.
 //
 // bench/hostile.sh runs it. It is a measurement, not a test: a shared machine's load moves both figures.
@@ -40,6 +42,15 @@ func BenchmarkHotLookupsUnderAttack(b *testing.B) {
 	attacks := []string{"idle", "loris", "held", "flood"}
 	if v := os.Getenv("HOSTILE_ATTACKS"); v != "" {
 		attacks = strings.Split(v, ",")
+	}
+	if v := os.Getenv(floodEnv); v != "" {
+		re, err := regexp.Compile(v)
+		if err != nil {
+			b.Fatalf("%s=%q: %v", floodEnv, v, err)
+		}
+		if len(floodSent(re)) == 0 {
+			b.Fatalf("%s=%q matches no odd case's name", floodEnv, v)
+		}
 	}
 	const (
 		workers = 4
