@@ -149,7 +149,7 @@ func (r *fastReader) handle(n int) {
 			continue
 		}
 		q := passedQuery{b: bytes.Clone(b), from: from}
-		if plain && fp.servers != nil {
+		if fp.servers != nil && (plain || serverAccepts(b)) {
 			fp.servers.serve(q)
 		} else {
 			fp.chain.passQuery(q)

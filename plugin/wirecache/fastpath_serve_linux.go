@@ -26,12 +26,14 @@ const (
 	maxIdleServers = 16
 )
 
-// chainServers hand the plain queries the fast path read but holds no answer for (misses, expired entries)
-// to CoreDNS's server, as miekg/dns's UDP server would: unpacked by dns.Msg.Unpack into the request it
-// would build, answered by the server's ServeDNS through a writer that packs and writes as miekg/dns's does.
-// Plain means that parseWireQuery read it: a query miekg/dns's server accepts and unpacks without error, with
-// no TSIG, so none of the server's own checks (FORMERR, NOTIMP, TSIG) applies to it. Every other datagram
-// goes through the fast path's miekg/dns server (chainConn).
+// chainServers hand the queries the fast path holds no answer for to CoreDNS's server, as miekg/dns's UDP
+// server would: unpacked by dns.Msg.Unpack into the request it would build, answered by the server's
+// ServeDNS through a writer that packs and writes as miekg/dns's does. They get the plain queries it read
+// (misses, expired entries), and the whole datagrams it did not read that the server's accept function lets
+// through (serverAccepts: other classes, NOTIFY, DS, compressed names, ...), of a server without TSIG
+// secrets (whose miekg/dns server checks no TSIG). One miekg/dns does not unpack goes on to the fast path's
+// miekg/dns server (chainConn), which answers it FORMERR, as it does every datagram the accept function
+// refuses or ignores, and every datagram cut short by the read.
 //
 // They differ from that server in what it costs: a miss goes deep into the plugin chain (cache, the upstream
 // exchange), and a goroutine started for each query grows its stack again for each one. The goroutines here
@@ -126,8 +128,7 @@ func (s *chainServers) answer(q passedQuery) {
 	defer s.inFly.Done()
 	req := new(dns.Msg)
 	if err := req.Unpack(q.b); err != nil {
-		// parseWireQuery read it, so miekg/dns reads it too; should they ever disagree, the query gets the
-		// answer miekg/dns's server gives to what it cannot read.
+		// The query gets the answer miekg/dns's server gives to what it cannot read.
 		s.fp.chain.passQuery(q)
 		return
 	}
@@ -150,6 +151,18 @@ func (s *chainServers) wait(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// serverAccepts reports whether miekg/dns's server, with CoreDNS's accept function for a server whose
+// plugins accept no other opcode (dns.DefaultMsgAcceptFunc; the fast path does not run for one that does),
+// would go on to unpack the datagram b, as it reads it, and serve it, rather than answer it itself (FORMERR,
+// NOTIMP) or ignore it (a response, a datagram shorter than a header). It reads the first maxFastQuery bytes
+// of a datagram: a longer one it does not read whole is left to it.
+func serverAccepts(b []byte) bool {
+	if len(b) < headerLen || len(b) > maxFastQuery {
+		return false
+	}
+	return dns.DefaultMsgAcceptFunc(wireHeader(b)) == dns.MsgAccept
 }
 
 // chainWriter is the dns.ResponseWriter of a query chainServers hands over: miekg/dns's UDP response writer

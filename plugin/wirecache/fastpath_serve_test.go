@@ -3,6 +3,7 @@
 package wirecache
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -226,6 +227,105 @@ func TestChainServersKeepThroughBursts(t *testing.T) {
 		t.Errorf("the second trim ended %d goroutines, want %d", ended, want)
 	}
 	waitKept(t, s, maxIdleServers)
+	s.close()
+	if err := s.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChainServersAnswerAsTheServer hands the datagrams the fast path does not answer both ways it can: to
+// the kept goroutines, where serverAccepts lets it, and to the fast path's miekg/dns server, which applies
+// the server's own checks; the replies must be the same, byte for byte. Every datagram serverAccepts turns
+// away must be one that server does not serve.
+func TestChainServersAnswerAsTheServer(t *testing.T) {
+	echo := func(_ context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: "echo.", Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 30},
+			Txt: []string{fmt.Sprintf("opcode %d class %d questions %d extra %d", r.Opcode, r.Question[0].Qclass, len(r.Question), len(r.Extra))}})
+		return dns.RcodeSuccess, w.WriteMsg(m)
+	}
+	s, client := newTestChainServers(t, plugin.HandlerFunc(echo))
+	inner := chainServer(s.fp.srv, s.fp.chain)
+	if err := activate(inner); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inner.Shutdown() })
+	from := client.LocalAddr().(*net.UDPAddr)
+	reply := func() []byte {
+		buf := make([]byte, 4096)
+		_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, _, err := client.ReadFromUDP(buf)
+		if err != nil {
+			t.Fatalf("no reply: %v", err)
+		}
+		return buf[:n]
+	}
+
+	in := func(m *dns.Msg) []byte { return mustPack(t, m) }
+	query := func(edit func(m *dns.Msg)) []byte {
+		m := newQuery("www.example.org.", dns.TypeA, 1232, false)
+		edit(m)
+		return in(m)
+	}
+	header := func(b []byte, edit func(h []byte)) []byte { edit(b[:headerLen]); return b }
+	plain := query(func(*dns.Msg) {})
+	accepted := map[string][]byte{
+		"plain":           plain,
+		"class chaos":     query(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS }),
+		"class any":       query(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassANY }),
+		"DS":              query(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeDS }),
+		"AXFR":            query(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeAXFR }),
+		"NOTIFY":          query(func(m *dns.Msg) { m.Opcode = dns.OpcodeNotify }),
+		"two OPT records": query(func(m *dns.Msg) { m.Extra = append(m.Extra, m.Extra[0]) }),
+		"escaped name":    query(func(m *dns.Msg) { m.Question[0].Name = `we\.ird.example.org.` }),
+		"trailing bytes":  append(bytes.Clone(plain), 1, 2, 3),
+		"ANCOUNT 1, none": header(bytes.Clone(plain), func(h []byte) { h[7] = 1 }),
+		"cut short":       plain[:len(plain)-3],
+		"TSIG, no secrets": in(func() *dns.Msg {
+			m := newQuery("www.example.org.", dns.TypeA, 0, false)
+			m.SetTsig("k.", dns.HmacSHA256, 300, 0)
+			return m
+		}()),
+	}
+	refused := map[string][]byte{
+		"two questions": query(func(m *dns.Msg) { m.Question = append(m.Question, m.Question[0]) }),
+		"opcode STATUS": query(func(m *dns.Msg) { m.Opcode = dns.OpcodeStatus }),
+		"opcode UPDATE": query(func(m *dns.Msg) { m.Opcode = dns.OpcodeUpdate }),
+		"ARCOUNT 3":     header(bytes.Clone(plain), func(h []byte) { h[11] = 3 }),
+		"NSCOUNT 2":     header(bytes.Clone(plain), func(h []byte) { h[9] = 2 }),
+		"no question":   header(bytes.Clone(plain[:headerLen]), func(h []byte) { h[5] = 0 }),
+		"a response":    header(bytes.Clone(plain), func(h []byte) { h[2] |= 0x80 }),
+		"5 bytes":       plain[:5],
+		// The server reads 512 bytes of a datagram: it answers a longer one FORMERR.
+		"513 bytes": query(func(m *dns.Msg) {
+			m.IsEdns0().Option = []dns.EDNS0{&dns.EDNS0_PADDING{Padding: make([]byte, maxFastQuery+1-len(plain)-4)}}
+		}),
+	}
+	for name, b := range accepted {
+		if !serverAccepts(b) {
+			t.Errorf("%s: not handed to the kept goroutines", name)
+			continue
+		}
+		s.serve(passedQuery{b: b, from: from})
+		kept := reply()
+		// The server refuses classes other than IN without a chaos plugin, and FORMERRs what it cannot read.
+		if m := new(dns.Msg); name == "plain" && (m.Unpack(kept) != nil || len(m.Answer) != 1) {
+			t.Errorf("%s: the handler did not answer: %x", name, kept)
+		}
+		s.fp.chain.passQuery(passedQuery{b: b, from: from})
+		if server := reply(); !bytes.Equal(kept, server) {
+			t.Errorf("%s: the kept goroutines reply %x, the server %x", name, kept, server)
+		}
+	}
+	if l := len(refused["513 bytes"]); l != maxFastQuery+1 {
+		t.Fatalf("the 513-byte query has %d bytes", l)
+	}
+	for name, b := range refused {
+		if serverAccepts(b) {
+			t.Errorf("%s: handed to the kept goroutines, which serve what the server refuses", name)
+		}
+	}
 	s.close()
 	if err := s.wait(context.Background()); err != nil {
 		t.Fatal(err)

@@ -170,6 +170,16 @@ const badVersionReplyLen = headerLen + 255 + 4 + 11
 // flagAD is the AD bit, in the fourth header byte.
 const flagAD = 0x20
 
+// wireHeader reads the header of the datagram b, at least headerLen bytes, as miekg/dns's server reads it
+// before its accept function looks at it.
+func wireHeader(b []byte) dns.Header {
+	return dns.Header{
+		Id: binary.BigEndian.Uint16(b), Bits: binary.BigEndian.Uint16(b[2:]),
+		Qdcount: binary.BigEndian.Uint16(b[4:]), Ancount: binary.BigEndian.Uint16(b[6:]),
+		Nscount: binary.BigEndian.Uint16(b[8:]), Arcount: binary.BigEndian.Uint16(b[10:]),
+	}
+}
+
 // wireOptionsDropped is optionsDropped for the options of an OPT record in wire format: each one well formed,
 // as miekg/dns unpacks it (optionUnpacks), and none registered by a plugin.
 func wireOptionsDropped(rdata []byte) bool {

@@ -35,7 +35,7 @@ func agreesWithParseQuery(t *testing.T, b []byte) (accepted bool) {
 	if _, err := edns.Version(m); err != nil {
 		t.Fatalf("parseWireQuery accepted %x, which the server answers with BADVERS", b)
 	}
-	if dns.DefaultMsgAcceptFunc(msgHeader(b)) != dns.MsgAccept {
+	if dns.DefaultMsgAcceptFunc(wireHeader(b)) != dns.MsgAccept {
 		t.Fatalf("parseWireQuery accepted %x, which miekg/dns's server rejects", b)
 	}
 	var key [keyLen]byte
@@ -61,7 +61,7 @@ func repliesAsTheServer(t *testing.T, b []byte, wq *wireQuery) {
 	if err := m.Unpack(b); err != nil {
 		t.Fatalf("parseWireQuery answers %x with BADVERS, which miekg/dns does not unpack: %v", b, err)
 	}
-	if dns.DefaultMsgAcceptFunc(msgHeader(b)) != dns.MsgAccept || m.Question[0].Qclass != dns.ClassINET {
+	if dns.DefaultMsgAcceptFunc(wireHeader(b)) != dns.MsgAccept || m.Question[0].Qclass != dns.ClassINET {
 		t.Fatalf("parseWireQuery answers %x with BADVERS, which the server refuses first", b)
 	}
 	want, err := edns.Version(m)
@@ -77,14 +77,6 @@ func repliesAsTheServer(t *testing.T, b []byte, wq *wireQuery) {
 	}
 	if len(wire) > badVersionReplyLen {
 		t.Fatalf("%x: BADVERS reply of %d bytes, above badVersionReplyLen", b, len(wire))
-	}
-}
-
-func msgHeader(b []byte) dns.Header {
-	return dns.Header{
-		Id: binary.BigEndian.Uint16(b), Bits: binary.BigEndian.Uint16(b[2:]),
-		Qdcount: binary.BigEndian.Uint16(b[4:]), Ancount: binary.BigEndian.Uint16(b[6:]),
-		Nscount: binary.BigEndian.Uint16(b[8:]), Arcount: binary.BigEndian.Uint16(b[10:]),
 	}
 }
 
