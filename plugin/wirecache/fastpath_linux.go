@@ -28,7 +28,8 @@ const (
 	fastReadSize = maxFastQuery + 1
 	// fastArena holds the replies of one batch; a batch whose replies do not fit is sent in parts.
 	fastArena = 16 << 10
-	// maxFastReaders bounds the goroutines reading one socket.
+	// maxFastReaders bounds the goroutines reading one socket: one waits for datagrams, the others help it
+	// only while batches come full (fastReader.help).
 	maxFastReaders = 4
 	// passQueue is how many queries wait for CoreDNS's server before the readers wait for it.
 	passQueue = 256
@@ -66,6 +67,9 @@ type fastPath struct {
 
 	readers  sync.WaitGroup
 	stopping atomic.Bool
+	// helpWanted wakes a reader that helps (fastReader.help), if one is idle; readersStop ends the idle ones.
+	helpWanted  chan struct{}
+	readersStop chan struct{}
 
 	// probe is the query steer sends, recognized by the readers; probeSeen tells steer one arrived.
 	probe     atomic.Pointer[[]byte]
@@ -127,9 +131,10 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 		return nil, fmt.Errorf("start the server for queries the fast path passes on: %w", err)
 	}
 
-	for range min(runtime.GOMAXPROCS(0), maxFastReaders) {
-		r := newFastReader(fp)
-		fp.readers.Go(r.run)
+	fp.helpWanted, fp.readersStop = make(chan struct{}), make(chan struct{})
+	fp.readers.Go(newFastReader(fp).run)
+	for range min(runtime.GOMAXPROCS(0), maxFastReaders) - 1 {
+		fp.readers.Go(newFastReader(fp).help)
 	}
 	fp.socks = []*groupSocket{fp.udpSocket()}
 	if fp.tcp, err = startTCPFront(srv, local, limits); err != nil {
@@ -179,8 +184,10 @@ func (fp *fastPath) stop() {
 		fp.steerAway(s)
 	}
 	fp.stopping.Store(true)
-	// Wakes the readers waiting for a packet; each then empties the socket without waiting, and returns.
+	// Wakes the reader waiting for a packet, which then empties the socket without waiting, and returns; the
+	// helpers return once idle.
 	_ = fp.conn.SetReadDeadline(time.Now())
+	close(fp.readersStop)
 	fp.readers.Wait()
 
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)

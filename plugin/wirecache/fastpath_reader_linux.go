@@ -56,6 +56,8 @@ func newFastReader(fp *fastPath) *fastReader {
 	return r
 }
 
+// run is the reader that waits for datagrams: it reads what the socket holds, a batch at a time, and wakes
+// a helper when a batch comes full.
 func (r *fastReader) run() {
 	for {
 		n, err := r.read(false)
@@ -67,15 +69,41 @@ func (r *fastReader) run() {
 				return
 			}
 			// Stopping: whatever is queued is answered without waiting for more.
-			for {
-				n, err := r.read(true)
-				if err != nil || n == 0 {
-					return
-				}
-				r.handle(n)
-			}
+			r.readQueued()
+			return
 		}
 		r.handle(n)
+	}
+}
+
+// help is a reader that helps run's: woken when a batch came full (more may be queued), it reads what the
+// socket holds without waiting, and goes back to wait once the socket is empty or a batch comes short. A
+// second reader waiting on the socket itself would be woken with the first by every datagram (the socket's
+// read lock hands over to it), which more than doubled the cache's CPU per query at a few thousand queries
+// a second with two CPUs; a helper costs nothing until the queries come faster than one reader answers.
+func (r *fastReader) help() {
+	for {
+		select {
+		case <-r.fp.helpWanted:
+			r.readQueued()
+		case <-r.fp.readersStop:
+			return
+		}
+	}
+}
+
+// readQueued reads and answers what the socket holds, without waiting for more, until it is empty or a batch
+// comes short.
+func (r *fastReader) readQueued() {
+	for {
+		n, err := r.read(true)
+		if err != nil || n == 0 {
+			return
+		}
+		r.handle(n)
+		if n < fastBatch {
+			return
+		}
 	}
 }
 
@@ -157,6 +185,13 @@ func (r *fastReader) handle(n int) {
 	}
 	if passed > 0 {
 		fp.passed.Add(float64(passed))
+	}
+	if n == fastBatch {
+		// More may be queued: an idle helper reads it meanwhile.
+		select {
+		case fp.helpWanted <- struct{}{}:
+		default:
+		}
 	}
 	r.flush()
 }
