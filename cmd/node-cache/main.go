@@ -57,6 +57,7 @@ import (
 func main() {
 	applyMemoryLimit() // GOMEMLIMIT from the container's cgroup limit (memlimit.go), for every mode
 	applyGCPercent()   // GOGC=50 unless set (memlimit.go)
+	applyProcs()       // GOMAXPROCS=1 unless set (procs.go)
 	args := os.Args[1:]
 	mode, err := selectMode(args, flag.CommandLine) // modes.go
 	if err != nil {

@@ -54,10 +54,17 @@ func applyGCPercent() {
 
 // gcPercent returns the GOGC node-cache sets, and false when the environment (read through lookup) has one.
 func gcPercent(lookup func(string) (string, bool)) (int, bool) {
-	if _, set := lookup("GOGC"); set {
+	return unlessSet(lookup, "GOGC", defaultGCPercent)
+}
+
+// unlessSet returns value, a default of node-cache's for the runtime setting the environment variable name
+// holds, and true; or false when the environment (read through lookup) sets name, which the runtime has
+// applied already.
+func unlessSet(lookup func(string) (string, bool), name string, value int) (int, bool) {
+	if _, set := lookup(name); set {
 		return 0, false
 	}
-	return defaultGCPercent, true
+	return value, true
 }
 
 // noLimitAbove is where cgroup v1 reports "no limit": the largest page-aligned int64.
