@@ -52,8 +52,9 @@ type fastPaths struct {
 	servers map[string]*fastPath // by dnsserver.Server.Addr; nil for an address tried and left to CoreDNS
 	stopped bool
 	// limits bound the TCP connections of all the instance's fast paths, from the blocks' bounds when the
-	// first fast path starts.
+	// first fast path starts; turns give the hits of them all a turn in a burst of their TCP work.
 	limits *connLimits
+	turns  hitTurns
 	// starting counts the listeners being started, so stop waits for them.
 	starting sync.WaitGroup
 	// reloading is set from the instance's OnRestart callbacks on: quietReads leaves the servers' reads alone
@@ -116,7 +117,7 @@ func (f *fastPaths) start(srv *dnsserver.Server, blocks map[*dnsserver.Config]*W
 		log.Infof("no fast path on %s: %v; its queries go through the plugin chain", srv.Addr, err)
 		return
 	}
-	fp, err := startFastPath(srv, local, routes, limits, func() { f.quietReads(srv) })
+	fp, err := startFastPath(srv, local, routes, limits, &f.turns, func() { f.quietReads(srv) })
 	if err != nil {
 		log.Warningf("no fast path on %s: %v; its queries go through the plugin chain", srv.Addr, err)
 		return

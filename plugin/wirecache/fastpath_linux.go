@@ -68,8 +68,10 @@ type fastPath struct {
 	readers  sync.WaitGroup
 	stopping atomic.Bool
 	// helpWanted wakes a reader that helps (fastReader.help), if one is idle; readersStop ends the idle ones.
+	// turns wakes helpers through helpWanted too.
 	helpWanted  chan struct{}
 	readersStop chan struct{}
+	turns       *hitTurns
 
 	// probe is the query steer sends, recognized by the readers; probeSeen tells steer one arrived.
 	probe     atomic.Pointer[[]byte]
@@ -91,9 +93,10 @@ type fastPath struct {
 }
 
 // startFastPath starts the fast path of srv on its address local, answering the hits of routes' blocks; limits
-// bound its TCP connections, and quiet takes the read deadline off CoreDNS's own UDP reads
-// (fastPaths.quietReads), called whenever the UDP group is found steered to the fast path.
-func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouting, limits *connLimits, quiet func()) (*fastPath, error) {
+// bound its TCP connections, turns are the instance's (its hits get one in bursts of the instance's TCP
+// work), and quiet takes the read deadline off CoreDNS's own UDP reads (fastPaths.quietReads), called whenever
+// the UDP group is found steered to the fast path.
+func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouting, limits *connLimits, turns *hitTurns, quiet func()) (*fastPath, error) {
 	fp := &fastPath{
 		srv: srv, local: local, v6: local.Addr().Is6(), routes: routes, quietCoreDNS: quiet,
 		probeSeen: make(chan struct{}, 1), steerDone: make(chan struct{}),
@@ -133,11 +136,14 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 
 	fp.helpWanted, fp.readersStop = make(chan struct{}), make(chan struct{})
 	fp.readers.Go(newFastReader(fp).run)
-	for range min(runtime.GOMAXPROCS(0), maxFastReaders) - 1 {
+	// One helper at least, even with one P: it takes the hits' turns (hitTurns).
+	for range max(1, min(runtime.GOMAXPROCS(0), maxFastReaders)-1) {
 		fp.readers.Go(newFastReader(fp).help)
 	}
+	fp.turns = turns
+	turns.add(fp.helpWanted)
 	fp.socks = []*groupSocket{fp.udpSocket()}
-	if fp.tcp, err = startTCPFront(srv, local, limits); err != nil {
+	if fp.tcp, err = startTCPFront(srv, local, limits, turns); err != nil {
 		log.Warningf("fast path on %s: %v; CoreDNS's own TCP listener accepts every connection, with no bound", srv.Addr, err)
 	} else {
 		fp.socks = append(fp.socks, fp.tcp.groupSocket())
@@ -187,6 +193,7 @@ func (fp *fastPath) stop() {
 	// Wakes the reader waiting for a packet, which then empties the socket without waiting, and returns; the
 	// helpers return once idle.
 	_ = fp.conn.SetReadDeadline(time.Now())
+	fp.turns.remove(fp.helpWanted)
 	close(fp.readersStop)
 	fp.readers.Wait()
 

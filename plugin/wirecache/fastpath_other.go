@@ -12,7 +12,7 @@ import (
 // fastPath is Linux's alone: it needs recvmmsg, sendmmsg and reuseport BPF.
 type fastPath struct{}
 
-func startFastPath(*dnsserver.Server, netip.AddrPort, fastRouting, *connLimits, func()) (*fastPath, error) {
+func startFastPath(*dnsserver.Server, netip.AddrPort, fastRouting, *connLimits, *hitTurns, func()) (*fastPath, error) {
 	return nil, errors.New("the fast path needs Linux")
 }
 

@@ -46,7 +46,7 @@ var tcpListenerOptions = []struct {
 }{{"TCP_USER_TIMEOUT", unix.TCP_USER_TIMEOUT}, {"TCP_DEFER_ACCEPT", unix.TCP_DEFER_ACCEPT}}
 
 // startTCPFront opens the front's listener in the group of local and starts serving it.
-func startTCPFront(srv *dnsserver.Server, local netip.AddrPort, limits *connLimits) (*tcpFront, error) {
+func startTCPFront(srv *dnsserver.Server, local netip.AddrPort, limits *connLimits, turns *hitTurns) (*tcpFront, error) {
 	// Opened by CoreDNS's server, as it opens its own, so it joins that listener's group.
 	l, err := srv.Listen()
 	if err != nil {
@@ -68,7 +68,7 @@ func startTCPFront(srv *dnsserver.Server, local netip.AddrPort, limits *connLimi
 		ln.Close()
 		return nil, err
 	}
-	limited := &limitedListener{Listener: ln, limits: limits, refusals: newRefusals(RefusedHold, MaxHeldRefusals),
+	limited := &limitedListener{Listener: ln, limits: limits, refusals: newRefusals(RefusedHold, MaxHeldRefusals, turns), turns: turns,
 		open: tcpConnections.WithLabelValues(srv.Addr), refused: tcpRefused.MustCurryWith(map[string]string{"server": srv.Addr})}
 	f.inner = tcpServer(srv, limited, dns.HandlerFunc(f.serveDNS))
 	if err := activate(f.inner); err != nil {

@@ -75,23 +75,46 @@ func (l *connLimits) release(client netip.Addr) {
 // are held at once, each a descriptor with the kernel's smallest receive buffer and no goroutine (about
 // 1 KiB resident, and the kernel's socket); one beyond them is reset at once (with 256, bursts of the
 // attack's idle connections took every place, and the other attacks' loops spun again).
+//
+// The resets are paced too, resetBatch at most every resetPace (1,000 a second): a client's connections that
+// were refused together (its idle ones, opened again together as they ended) are reset over a second, so
+// that the client's next connections come back spread out instead of in one burst, which took both CPUs of
+// the hostile benchmark's node for tens of milliseconds every cycle.
 const (
 	RefusedHold     = time.Second
 	MaxHeldRefusals = 1024
+
+	resetBatch = 16
+	resetPace  = 16 * time.Millisecond
 )
 
-// refusals holds refused connections until their reset.
+// refusals holds refused connections until their reset: in the order they were refused, which is the order
+// of their resets, all reset by one timer's goroutine, which gives the hits a turn between them (hitTurns).
+// A timer and a goroutine for each (time.AfterFunc) readied them all at once when a burst's holds ended, and
+// the hits waited behind hundreds of goroutines.
 type refusals struct {
-	hold time.Duration
-	max  int
+	hold  time.Duration
+	max   int
+	pace  time.Duration // between two batches of resets (resetPace)
+	turns *hitTurns
 
 	mu     sync.Mutex
-	held   map[net.Conn]*time.Timer
+	held   []heldConn
+	timer  *time.Timer // resets the due ones; armed while held is not empty
 	closed bool
 }
 
-func newRefusals(hold time.Duration, max int) *refusals {
-	return &refusals{hold: hold, max: max, held: map[net.Conn]*time.Timer{}}
+// heldConn is a refused connection and the end of its hold.
+type heldConn struct {
+	c   net.Conn
+	due time.Time
+}
+
+func newRefusals(hold time.Duration, max int, turns *hitTurns) *refusals {
+	r := &refusals{hold: hold, max: max, pace: resetPace, turns: turns}
+	r.timer = time.AfterFunc(time.Hour, r.resetDue)
+	r.timer.Stop()
+	return r
 }
 
 // refuse resets c once the hold is over, or at once when as many are held as may be.
@@ -102,21 +125,35 @@ func (r *refusals) refuse(c net.Conn) {
 		reset(c)
 		return
 	}
-	r.held[c] = time.AfterFunc(r.hold, func() { r.release(c) })
+	r.held = append(r.held, heldConn{c: c, due: time.Now().Add(r.hold)})
+	if len(r.held) == 1 {
+		r.timer.Reset(r.hold)
+	}
 	r.mu.Unlock()
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(1) // the kernel's least: what the client sends meanwhile is dropped
 	}
 }
 
-// release resets c if it is still held.
-func (r *refusals) release(c net.Conn) {
+// resetDue resets the connections whose hold is over, resetBatch at most, and arms the timer for the next
+// ones: a pace later when the batch came full.
+func (r *refusals) resetDue() {
+	var due [resetBatch]net.Conn
 	r.mu.Lock()
-	_, held := r.held[c]
-	delete(r.held, c)
+	now, n := time.Now(), 0
+	for n < len(r.held) && n < len(due) && !r.held[n].due.After(now) {
+		due[n] = r.held[n].c
+		r.held[n] = heldConn{}
+		n++
+	}
+	r.held = r.held[n:]
+	if len(r.held) > 0 && !r.closed {
+		r.timer.Reset(max(r.pace*time.Duration(n/len(due)), r.held[0].due.Sub(now)))
+	}
 	r.mu.Unlock()
-	if held {
+	for _, c := range due[:n] {
 		reset(c)
+		r.turns.worked()
 	}
 }
 
@@ -124,12 +161,12 @@ func (r *refusals) release(c net.Conn) {
 func (r *refusals) close() {
 	r.mu.Lock()
 	r.closed = true
+	r.timer.Stop()
 	held := r.held
-	r.held = map[net.Conn]*time.Timer{}
+	r.held = nil
 	r.mu.Unlock()
-	for c, t := range held {
-		t.Stop()
-		reset(c)
+	for _, h := range held {
+		reset(h.c)
 	}
 }
 
@@ -147,6 +184,7 @@ type limitedListener struct {
 	net.Listener
 	limits   *connLimits
 	refusals *refusals
+	turns    *hitTurns // given one as each connection is accepted and closed
 	open     prometheus.Gauge
 	refused  *prometheus.CounterVec // by reason
 }
@@ -164,6 +202,7 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		l.turns.worked()
 		client := remoteAddr(c)
 		if why := l.limits.admit(client); why != "" {
 			l.refused.WithLabelValues(why).Inc()
@@ -174,6 +213,10 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 		return &limitedConn{Conn: c, release: func() {
 			l.limits.release(client)
 			l.open.Dec()
+			// Connections that end together (a client's idle ones, each on a goroutine of its own readied
+			// by its deadline) close in a burst too, each close delivering the FIN to the client in the
+			// kernel: tens to hundreds of microseconds.
+			l.turns.worked()
 		}}, nil
 	}
 }

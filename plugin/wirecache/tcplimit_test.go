@@ -49,19 +49,7 @@ func TestRefusalsHoldThenReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	// connect returns the client's side and the server's of a new connection.
-	connect := func() (client, server net.Conn) {
-		t.Helper()
-		client, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { client.Close() })
-		if server, err = ln.Accept(); err != nil {
-			t.Fatal(err)
-		}
-		return client, server
-	}
+	connect := func() (client, server net.Conn) { return connectTo(t, ln) }
 	// readErr returns the error a read on c ends with within wait.
 	readErr := func(c net.Conn, wait time.Duration) error {
 		_ = c.SetReadDeadline(time.Now().Add(wait))
@@ -69,7 +57,7 @@ func TestRefusalsHoldThenReset(t *testing.T) {
 		return err
 	}
 
-	r := newRefusals(time.Hour, 1)
+	r := newRefusals(time.Hour, 1, nil)
 	heldClient, held := connect()
 	r.refuse(held)
 	resetClient, over := connect()
@@ -88,7 +76,7 @@ func TestRefusalsHoldThenReset(t *testing.T) {
 		t.Errorf("a held refusal once the listener closed: %v, want a reset", err)
 	}
 
-	short := newRefusals(10*time.Millisecond, 1)
+	short := newRefusals(10*time.Millisecond, 1, nil)
 	client, server := connect()
 	short.refuse(server)
 	if err := readErr(client, time.Minute); !errors.Is(err, syscall.ECONNRESET) {
@@ -104,4 +92,58 @@ func (r *refusals) heldNow() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.held)
+}
+
+// connectTo returns the client's side and the server's of a new connection to ln.
+func connectTo(t *testing.T, ln net.Listener) (client, server net.Conn) {
+	t.Helper()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	if server, err = ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	return client, server
+}
+
+// TestRefusalsResetPaced: connections whose holds end together are reset resetBatch at a time, in the order
+// they were refused, and the next batch waits for the pace.
+func TestRefusalsResetPaced(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := newRefusals(time.Hour, 3*resetBatch, nil)
+	r.pace = time.Hour // the test runs each batch itself
+	defer r.close()
+	var refused []net.Conn
+	for range 2*resetBatch + 3 {
+		_, server := connectTo(t, ln)
+		r.refuse(server)
+		refused = append(refused, server)
+	}
+	r.mu.Lock()
+	for i := range r.held {
+		r.held[i].due = time.Now() // every hold ends now
+	}
+	r.mu.Unlock()
+	for _, left := range []int{resetBatch + 3, 3, 0} {
+		r.resetDue()
+		r.mu.Lock()
+		held := len(r.held)
+		oldest := net.Conn(nil)
+		if held > 0 {
+			oldest = r.held[0].c
+		}
+		r.mu.Unlock()
+		if held != left {
+			t.Fatalf("%d held after a batch of resets, want %d", held, left)
+		}
+		if left > 0 && oldest != refused[len(refused)-left] {
+			t.Fatalf("the oldest held is not the first refused after those reset")
+		}
+	}
 }
