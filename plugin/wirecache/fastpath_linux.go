@@ -68,10 +68,12 @@ type fastPath struct {
 	readers  sync.WaitGroup
 	stopping atomic.Bool
 	// helpWanted wakes a reader that helps (fastReader.help), if one is idle; readersStop ends the idle ones.
-	// turns wakes helpers through helpWanted too.
+	// turns wakes helpers through helpWanted too. helpBeside says that a helper may read beside the reader
+	// that waits (GOMAXPROCS above 1), so that a full batch wakes one.
 	helpWanted  chan struct{}
 	readersStop chan struct{}
 	turns       *hitTurns
+	helpBeside  bool
 
 	// probe is the query steer sends, recognized by the readers; probeSeen tells steer one arrived.
 	probe     atomic.Pointer[[]byte]
@@ -137,6 +139,7 @@ func startFastPath(srv *dnsserver.Server, local netip.AddrPort, routes fastRouti
 	fp.helpWanted, fp.readersStop = make(chan struct{}), make(chan struct{})
 	fp.readers.Go(newFastReader(fp).run)
 	// One helper at least, even with one P: it takes the hits' turns (hitTurns).
+	fp.helpBeside = runtime.GOMAXPROCS(0) > 1
 	for range max(1, min(runtime.GOMAXPROCS(0), maxFastReaders)-1) {
 		fp.readers.Go(newFastReader(fp).help)
 	}

@@ -186,8 +186,9 @@ func (r *fastReader) handle(n int) {
 	if passed > 0 {
 		fp.passed.Add(float64(passed))
 	}
-	if n == fastBatch {
-		// More may be queued: an idle helper reads it meanwhile.
+	if n == fastBatch && fp.helpBeside {
+		// More may be queued: an idle helper reads it meanwhile. With one P it could only read once this
+		// reader waits, which finds the socket empty.
 		select {
 		case fp.helpWanted <- struct{}{}:
 		default:

@@ -26,7 +26,7 @@ func newTestReaderPath(t *testing.T) (*fastPath, *net.UDPConn) {
 		// Registered nowhere.
 		queries:    promauto.With(nil).NewCounter(prometheus.CounterOpts{Name: "queries"}),
 		passed:     promauto.With(nil).NewCounter(prometheus.CounterOpts{Name: "passed"}),
-		helpWanted: make(chan struct{}, 1), readersStop: make(chan struct{}),
+		helpWanted: make(chan struct{}, 1), readersStop: make(chan struct{}), helpBeside: true,
 	}
 	if err := fp.useSocket(conn); err != nil {
 		t.Fatal(err)
