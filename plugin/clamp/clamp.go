@@ -9,6 +9,7 @@ import (
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/plugin/metrics"
 	"github.com/nodelocaldns/nodelocaldns/plugin/internal/answer"
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/zones"
 
 	"github.com/miekg/dns"
 )
@@ -88,8 +89,8 @@ func (c *Clamp) applies(r *dns.Msg) bool {
 	if q.Qtype == dns.TypeAXFR || q.Qtype == dns.TypeIXFR {
 		return false
 	}
-	// Zones.Matches compares names case-insensitively, so the question name needs no lowering.
-	return plugin.Zones(c.Zones).Matches(q.Name) != ""
+	// zones.Matches compares names case-insensitively, so the question name needs no lowering.
+	return zones.Matches(c.Zones, q.Name) != ""
 }
 
 // ResponseWriter clamps the TTLs of the response it writes.

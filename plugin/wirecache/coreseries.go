@@ -6,9 +6,10 @@ import (
 	"time"
 
 	"github.com/coredns/coredns/core/dnsserver"
-	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/plugin/metrics"
 	"github.com/coredns/coredns/plugin/metrics/vars"
+
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/zones"
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,12 +35,12 @@ func blockMetricsZones(cfg *dnsserver.Config, order []string) []string {
 
 // metricsZone returns the index in zones of the zone the prometheus plugin labels a query for name with, as
 // its handler picks it; len(zones) stands for ".", its label for names outside its zones.
-func metricsZone(zones []string, name string) int {
-	z := plugin.Zones(zones).Matches(name)
+func metricsZone(blockZones []string, name string) int {
+	z := zones.Matches(blockZones, name)
 	if z == "" {
-		return len(zones)
+		return len(blockZones)
 	}
-	return slices.Index(zones, z)
+	return slices.Index(blockZones, z)
 }
 
 // coreSeries counts one server's hits in CoreDNS's own series, as the prometheus plugin's handler would

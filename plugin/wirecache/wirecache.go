@@ -15,6 +15,8 @@ import (
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/request"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/zones"
+
 	"github.com/miekg/dns"
 )
 
@@ -430,13 +432,13 @@ func (wc *WireCache) serverMetrics(ctx context.Context) *serverMetrics {
 }
 
 func (wc *WireCache) inZones(r *dns.Msg) bool {
-	if len(wc.bypass) > 0 && (len(r.Question) == 0 || plugin.Zones(wc.bypass).Matches(r.Question[0].Name) != "") {
+	if len(wc.bypass) > 0 && (len(r.Question) == 0 || zones.Matches(wc.bypass, r.Question[0].Name) != "") {
 		return false
 	}
 	if wc.allZones {
 		return true
 	}
-	return len(r.Question) > 0 && plugin.Zones(wc.Zones).Matches(r.Question[0].Name) != ""
+	return len(r.Question) > 0 && zones.Matches(wc.Zones, r.Question[0].Name) != ""
 }
 
 // serveHit writes the reply e gives q and counts the hit, and reports whether it could; it cannot when e has
