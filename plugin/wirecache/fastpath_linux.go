@@ -92,6 +92,8 @@ type fastPath struct {
 	steered prometheus.Gauge
 
 	lastWriteError atomic.Int64
+	// sends keeps sendTo's state between calls (rawSend).
+	sends sync.Pool
 }
 
 // startFastPath starts the fast path of srv on its address local, answering the hits of routes' blocks; limits

@@ -48,27 +48,19 @@ func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
 	if !ok || ua == nil {
 		return 0, opError(syscall.EINVAL)
 	}
-	var sa unix.RawSockaddrInet6
-	salen, err := rawSockaddr(fp.family, ua, &sa)
-	if err != nil {
-		return 0, opError(err)
+	s, _ := fp.sends.Get().(*rawSend)
+	if s == nil {
+		s = newRawSend()
 	}
-	var n int
-	var errno syscall.Errno
-	err = fp.raw.Write(func(fd uintptr) bool {
-		for {
-			r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
-				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&sa)), uintptr(salen))
-			switch e {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false
-			}
-			n, errno = int(r), e
-			return true
-		}
-	})
+	s.sa = unix.RawSockaddrInet6{}
+	salen, err := rawSockaddr(fp.family, ua, &s.sa)
+	if err == nil {
+		s.b, s.salen = b, salen
+		err = fp.raw.Write(s.call)
+	}
+	n, errno := s.n, s.errno
+	*s = rawSend{call: s.call}
+	fp.sends.Put(s)
 	if err == nil && errno != 0 {
 		err = os.NewSyscallError("sendto", errno)
 	}
@@ -76,6 +68,40 @@ func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
 		return 0, opError(err)
 	}
 	return n, nil
+}
+
+// rawSend is the state of one sendTo call, with the call bound to it once, kept in fastPath.sends between
+// calls, so that a reply allocates nothing: a closure over the call's variables took them to the heap with
+// it, three objects for each reply (6 % of the objects a miss allocated).
+type rawSend struct {
+	b     []byte
+	sa    unix.RawSockaddrInet6
+	salen uint32
+	n     int
+	errno syscall.Errno
+	call  func(fd uintptr) bool // send
+}
+
+func newRawSend() *rawSend {
+	s := &rawSend{}
+	s.call = s.send
+	return s
+}
+
+// send is the sendto call of sendTo, as syscall.RawConn.Write takes it: false asks to wait for room.
+func (s *rawSend) send(fd uintptr) bool {
+	for {
+		r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(unsafe.SliceData(s.b))), uintptr(len(s.b)),
+			unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&s.sa)), uintptr(s.salen))
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		s.n, s.errno = int(r), e
+		return true
+	}
 }
 
 // rawSockaddr writes to into sa as a socket of family takes a destination, and returns its length: IPv4

@@ -132,3 +132,30 @@ func TestSendToEveryFamily(t *testing.T) {
 		})
 	}
 }
+
+// TestSendToAllocatesNothing: a reply to a query the fast path passed on is written without an allocation.
+func TestSendToAllocatesNothing(t *testing.T) {
+	conn, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	fp := &fastPath{}
+	if err := fp.useSocket(conn.(*net.UDPConn)); err != nil {
+		t.Fatal(err)
+	}
+	reply, to := []byte("reply"), client.LocalAddr()
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := fp.sendTo(reply, to); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per reply, want 0", allocs)
+	}
+}
