@@ -99,20 +99,7 @@ func TestSendToEveryFamily(t *testing.T) {
 		{name: "IPv6 from an IPv4 socket", server: "127.0.0.1:0", client: "[::1]:0", refused: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conn, err := net.ListenPacket("udp", tc.server)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			client, err := net.ListenPacket("udp", tc.client)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			fp := &fastPath{}
-			if err := fp.useSocket(conn.(*net.UDPConn)); err != nil {
-				t.Fatal(err)
-			}
+			fp, conn, client := newSendPair(t, tc.server, tc.client)
 			n, err := fp.sendTo([]byte("reply"), client.LocalAddr())
 			if tc.refused {
 				if err == nil {
@@ -135,20 +122,7 @@ func TestSendToEveryFamily(t *testing.T) {
 
 // TestSendToAllocatesNothing: a reply to a query the fast path passed on is written without an allocation.
 func TestSendToAllocatesNothing(t *testing.T) {
-	conn, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	fp := &fastPath{}
-	if err := fp.useSocket(conn.(*net.UDPConn)); err != nil {
-		t.Fatal(err)
-	}
+	fp, _, client := newSendPair(t, "127.0.0.1:0", "127.0.0.1:0")
 	reply, to := []byte("reply"), client.LocalAddr()
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := fp.sendTo(reply, to); err != nil {
@@ -158,4 +132,25 @@ func TestSendToAllocatesNothing(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocations per reply, want 0", allocs)
 	}
+}
+
+// newSendPair returns a fast path on a UDP socket of its own at server, that socket, and a client's socket
+// at client.
+func newSendPair(t *testing.T, server, client string) (*fastPath, net.PacketConn, net.PacketConn) {
+	t.Helper()
+	conn, err := net.ListenPacket("udp", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	cl, err := net.ListenPacket("udp", client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	fp := &fastPath{}
+	if err := fp.useSocket(conn.(*net.UDPConn)); err != nil {
+		t.Fatal(err)
+	}
+	return fp, conn, cl
 }
