@@ -43,13 +43,12 @@ func parseWireQuery(b []byte, wq *wireQuery, key *[keyLen]byte) (n int, ok bool)
 	if b[2]&0xf8 != 0 {
 		return 0, false
 	}
-	qdcount, ancount := binary.BigEndian.Uint16(b[4:]), binary.BigEndian.Uint16(b[6:])
-	nscount, arcount := binary.BigEndian.Uint16(b[8:]), binary.BigEndian.Uint16(b[10:])
-	if qdcount != 1 || ancount != 0 || nscount != 0 || arcount > 1 {
+	h := wireHeader(b)
+	if h.Qdcount != 1 || h.Ancount != 0 || h.Nscount != 0 || h.Arcount > 1 {
 		return 0, false
 	}
 	q := &wq.q
-	*q = query{id: binary.BigEndian.Uint16(b), rd: b[2]&flagRD != 0}
+	*q = query{id: h.Id, rd: b[2]&flagRD != 0}
 	if b[3]&flagCD != 0 {
 		q.flags |= keyCD
 	}
@@ -108,7 +107,7 @@ func parseWireQuery(b []byte, wq *wireQuery, key *[keyLen]byte) (n int, ok bool)
 	q.name = unsafe.String(&wq.name[0], l)
 	questionEnd := off
 
-	if arcount == 1 {
+	if h.Arcount == 1 {
 		// The OPT record: root owner, type OPT, class the payload size, TTL the extended RCODE, version
 		// and flags, then the options.
 		if off+11 > len(b) || b[off] != 0 || binary.BigEndian.Uint16(b[off+1:]) != dns.TypeOPT {
