@@ -80,16 +80,23 @@ func TestReaderAsksForHelpOnlyWhenBatchesComeFull(t *testing.T) {
 // TestHelperEndsWhenStopped checks that an idle helper returns once the readers are stopped.
 func TestHelperEndsWhenStopped(t *testing.T) {
 	fp, _ := newTestReaderPath(t)
-	fp.helpWanted = make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		newFastReader(fp).help()
-		close(done)
-	}()
+	done := startTestHelper(fp)
 	close(fp.readersStop)
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second): // bounds a failure only
 		t.Fatal("the helper did not return once stopped")
 	}
+}
+
+// startTestHelper starts a helper reader of fp, woken through a helpWanted that holds no wake-up (as
+// startFastPath makes it), and returns what is closed once the helper returns.
+func startTestHelper(fp *fastPath) <-chan struct{} {
+	fp.helpWanted = make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		newFastReader(fp).help()
+		close(done)
+	}()
+	return done
 }

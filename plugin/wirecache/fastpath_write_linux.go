@@ -52,14 +52,13 @@ func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
 	if s == nil {
 		s = newRawSend()
 	}
-	s.sa = unix.RawSockaddrInet6{}
 	salen, err := rawSockaddr(fp.family, ua, &s.sa)
 	if err == nil {
 		s.b, s.salen = b, salen
 		err = fp.raw.Write(s.call)
 	}
 	n, errno := s.n, s.errno
-	*s = rawSend{call: s.call}
+	*s = rawSend{call: s.call} // a new one's state: no reply held, no address left over for the next
 	fp.sends.Put(s)
 	if err == nil && errno != 0 {
 		err = os.NewSyscallError("sendto", errno)

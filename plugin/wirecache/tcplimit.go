@@ -148,7 +148,11 @@ func (r *refusals) resetDue() {
 	}
 	r.held = r.held[n:]
 	if len(r.held) > 0 && !r.closed {
-		r.timer.Reset(max(r.pace*time.Duration(n/len(due)), r.held[0].due.Sub(now)))
+		wait := r.held[0].due.Sub(now)
+		if n == len(due) {
+			wait = max(wait, r.pace)
+		}
+		r.timer.Reset(wait)
 	}
 	r.mu.Unlock()
 	for _, c := range due[:n] {

@@ -17,12 +17,7 @@ import (
 func TestAcceptBurstGivesHitsTurns(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	fp, client := newTestReaderPath(t)
-	fp.helpWanted = make(chan struct{})
-	helped := make(chan struct{})
-	go func() {
-		newFastReader(fp).help()
-		close(helped)
-	}()
+	helped := startTestHelper(fp)
 	defer func() { close(fp.readersStop); <-helped }()
 	var turns hitTurns
 	turns.add(fp.helpWanted)
