@@ -90,6 +90,7 @@ type rig struct {
 	dir      string
 	cache    *simnode.Process
 	ref      *simnode.Process
+	backend  *simnode.Process // the cluster DNS's CoreDNS, behind upstream
 	upstream *brokenUpstream
 	// hostile is the hostile Pod's side of the attacks, in this process; hostileNS its network namespace
 	// (simnode.Node.AddPod).
@@ -120,9 +121,9 @@ func newRig(tb testing.TB) *rig {
 	r.write(zone, hostileZone)
 	host, port, _ := net.SplitHostPort(backendAddr)
 	r.write(backendConf, fmt.Sprintf("cluster.local:%s {\n    bind %s\n    file %s\n}\n", port, host, zone))
-	backend := n.Start(n.DNSNS, bin, "-conf", backendConf)
+	r.backend = n.Start(n.DNSNS, bin, "-conf", backendConf)
 	if err := n.WaitForDNS(n.DNSNS, "udp", backendAddr, "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
-		tb.Fatalf("the cluster DNS's CoreDNS: %v\n%s", err, backend.Output())
+		tb.Fatalf("the cluster DNS's CoreDNS: %v\n%s", err, r.backend.Output())
 	}
 	r.upstream = startBrokenUpstream(tb, n)
 	n.StartExternalResolver(bin)
