@@ -15,9 +15,13 @@
 #   hits RATE   DURATION s of the hot names at RATE q/s: CPU µs per query
 #   mix RATE    DURATION s of the mix (HOT_PERCENT % hot names, the rest new, half NXDOMAIN) at RATE q/s: CPU µs
 #               per query; the floor answers every name itself, so its figure is the least a mix can cost
-# and last the hot names at full speed (q/s and µs per query). It prints each round, then per variant the
-# medians over the rounds and the median of the per-round ratios to the floor and to unbound. CPU time is that of
-# all the server's threads (schedstat) over each dnsperf run, as in bench/cpu.sh.
+# and last the hot names at full speed (q/s and µs per query). It prints each round, with the context switches
+# of the server's threads per query (sw/q: at these rates one when a query wakes the server and it sleeps
+# again, and one more whenever the client its reply wakes preempts it; unpinned, SERVER_CPU=0,1, that is
+# what the CPU per query moves with from run to run), then
+# per variant the medians over the rounds and the median of the per-round ratios to the floor and to
+# unbound. CPU time is that of all the server's threads (schedstat) over each dnsperf run, as in
+# bench/cpu.sh.
 #
 # Needs root, iproute2, iptables, dnsperf, unbound, cc, go, taskset, 2 CPUs. Kills only the processes it
 # started; removes its namespaces, links and files at exit.
@@ -64,7 +68,7 @@ echo
 echo "nice $NICE; load: $(uptime | sed 's/.*load average/load average/') on $(nproc) CPUs"
 echo "$ROUNDS rounds of: for each of $RATES q/s, the hot names and the mix ($HOT_PERCENT % hot) for $DURATION s each;"
 echo "then the hot names at full speed for $DURATION s"
-printf '%-5s %-9s %-6s %9s %9s %8s %6s\n' round variant phase rate "q/s" "µs/q" failed
+printf '%-5s %-9s %-6s %9s %9s %8s %6s %6s\n' round variant phase rate "q/s" "µs/q" "sw/q" failed
 read -r -a variants <<<"$VARIANTS"
 first=1000000 # the mix's new names: a range of their own for every run
 for round in $(seq 1 "$ROUNDS"); do
@@ -77,18 +81,18 @@ for round in $(seq 1 "$ROUNDS"); do
         rows=()
         for rate in $RATES; do
             simnode_dnsperf "$hot_file" -n "$((rate * DURATION / HOT + 1))" -Q "$rate" -l "$DURATION"
-            rows+=("$round $variant hits $rate $qps $us_per_query $failed")
+            rows+=("$round $variant hits $rate $qps $us_per_query $failed $switches_per_query")
             simnode_mix "$work/queries.mix" $((rate * DURATION)) "$first" "$HOT_PERCENT"
             first=$((first + 1000000))
             tolerate_failures=1 simnode_dnsperf "$work/queries.mix" -Q "$rate"
-            rows+=("$round $variant mix $rate $qps $us_per_query $failed")
+            rows+=("$round $variant mix $rate $qps $us_per_query $failed $switches_per_query")
         done
         simnode_dnsperf "$hot_file" -n 1000000 -l "$DURATION"
-        rows+=("$round $variant full 0 $qps $us_per_query $failed")
+        rows+=("$round $variant full 0 $qps $us_per_query $failed $switches_per_query")
         simnode_stop "$variant"
         for row in "${rows[@]}"; do
-            read -r r v p t q u f <<<"$row"
-            printf '%-5s %-9s %-6s %9s %9s %8s %6s\n' "$r" "$v" "$p" "$([ "$t" = 0 ] && echo full || echo "$t")" "$q" "$u" "$f"
+            read -r r v p t q u f w <<<"$row"
+            printf '%-5s %-9s %-6s %9s %9s %8s %6s %6s\n' "$r" "$v" "$p" "$([ "$t" = 0 ] && echo full || echo "$t")" "$q" "$u" "$w" "$f"
             echo "$row" >>"$results"
         done
     done

@@ -63,16 +63,11 @@ awk -v n="$WARM" 'BEGIN {
     }
 }' >"$work/queries.warm"
 
-# wakes PID: the context switches of all the process's threads (simnode_cpu_ns is their CPU time).
-wakes() {
-    cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'
-}
-
 # measure PID...: prints "CPU ms/s wakes/s" of each process over the same IDLE s, one line each.
 measure() {
     local pid c0=() w0=() i=0
     for pid in "$@"; do
-        c0+=("$(simnode_cpu_ns "$pid")") w0+=("$(wakes "$pid")")
+        c0+=("$(simnode_cpu_ns "$pid")") w0+=("$(simnode_switches "$pid")")
     done
     local perf=()
     if [ -n "${PERF_DIR:-}" ]; then
@@ -85,7 +80,7 @@ measure() {
     sleep "$IDLE"
     [ ${#perf[@]} -eq 0 ] || wait "${perf[@]}" || true
     for pid in "$@"; do
-        awk -v c0="${c0[$i]}" -v c1="$(simnode_cpu_ns "$pid")" -v w0="${w0[$i]}" -v w1="$(wakes "$pid")" -v t="$IDLE" \
+        awk -v c0="${c0[$i]}" -v c1="$(simnode_cpu_ns "$pid")" -v w0="${w0[$i]}" -v w1="$(simnode_switches "$pid")" -v t="$IDLE" \
             'BEGIN { printf "%.3f %.1f\n", (c1 - c0) / 1e6 / t, (w1 - w0) / t }'
         i=$((i + 1))
     done

@@ -394,18 +394,26 @@ simnode_hot() { seq 1 "$HOT" | awk '{ printf "svc%d.ns%d.svc.cluster.local A\n",
 # /proc/PID/task/*/schedstat: time on a CPU, to the ns, where /proc/PID/stat counts clock ticks).
 simnode_cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'; }
 
+# simnode_switches PID: the context switches of all the process's threads so far, voluntary (it waited) and
+# not (it was preempted), from /proc/PID/task/*/status.
+simnode_switches() {
+    cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'
+}
+
 # simnode_dnsperf FILE ARGS...: runs dnsperf from the Pod over FILE once (more with ARGS such as -l), at nice
 # NICE on CPU CLIENT_CPU, and measures the CPU time of cache_pid over the run; sets qps, completed, lost,
-# failed, us_per_query (CPU µs per completed query) and dnsperf_out. It fails on lost queries (more than
+# failed, us_per_query (CPU µs per completed query), switches_per_query (its threads' context switches per
+# completed query: at a few thousand queries a second, one when each query wakes it and it sleeps again,
+# more when the client it wakes preempts it) and dnsperf_out. It fails on lost queries (more than
 # 0.1 %) or answers other than NOERROR and NXDOMAIN, unless tolerate_failures is set: then those are counted
 # in failed (SERVFAIL when the upstream exchange failed).
 simnode_dnsperf() {
-    local file=$1 out t0 t1 rcodes
+    local file=$1 out t0 t1 s0 s1 rcodes
     shift
-    t0=$(simnode_cpu_ns "$cache_pid")
+    t0=$(simnode_cpu_ns "$cache_pid") s0=$(simnode_switches "$cache_pid")
     out=$(nice -n "$NICE" ip netns exec "$ns_pod" taskset -c "$CLIENT_CPU" dnsperf -s "$LOCAL_IP" -d "$file" -c 4 -q 200 -t 5 -n 1 "$@" 2>&1) ||
         die "dnsperf failed: $out"
-    t1=$(simnode_cpu_ns "$cache_pid")
+    t1=$(simnode_cpu_ns "$cache_pid") s1=$(simnode_switches "$cache_pid")
     completed=$(awk '/Queries completed:/ { print $3 }' <<<"$out" | head -1)
     lost=$(awk '/Queries lost:/ { print $3 }' <<<"$out" | head -1)
     qps=$(awk '/Queries per second:/ { printf "%.0f", $4 }' <<<"$out")
@@ -418,5 +426,6 @@ simnode_dnsperf() {
         [ "$failed" -eq "$lost" ] || die "$variant: answers other than NOERROR and NXDOMAIN: $rcodes"
     fi
     us_per_query=$(awk -v t=$((t1 - t0)) -v n="$completed" 'BEGIN { printf "%.1f", t / 1e3 / n }')
+    switches_per_query=$(awk -v s=$((s1 - s0)) -v n="$completed" 'BEGIN { printf "%.2f", s / n }')
     dnsperf_out=$out
 }
