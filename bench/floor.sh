@@ -18,10 +18,9 @@
 # and last the hot names at full speed (q/s and µs per query). It prints each round, with the context switches
 # of the server's threads per query (sw/q: at these rates one when a query wakes the server and it sleeps
 # again, and one more whenever the client its reply wakes preempts it; unpinned, SERVER_CPU=0,1, that is
-# what the CPU per query moves with from run to run), then
-# per variant the medians over the rounds and the median of the per-round ratios to the floor and to
-# unbound. CPU time is that of all the server's threads (schedstat) over each dnsperf run, as in
-# bench/cpu.sh.
+# what the CPU per query moves with from run to run), then per variant the medians over the rounds and the
+# median of the per-round ratios to the floor and to unbound. CPU time is that of all the server's threads
+# (schedstat) over each dnsperf run, as in bench/cpu.sh.
 #
 # Needs root, iproute2, iptables, dnsperf, unbound, cc, go, taskset, 2 CPUs. Kills only the processes it
 # started; removes its namespaces, links and files at exit.
