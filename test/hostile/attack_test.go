@@ -115,20 +115,11 @@ func (r *rig) testAttack(t *testing.T) {
 		t.Errorf("%.1f MiB resident at the peak, with at most %.0f of the attack's connections open: more than %.1f MiB", peak.rss/(1<<20), perClient, bound/(1<<20))
 	}
 	// Once the attack is over, they come back.
-	var after process
-	deadline := time.Now().Add(closeBound)
-	for {
-		if after, err = r.scrape(cacheMetrics); err != nil {
-			t.Fatal(err)
-		}
-		if after.goroutines <= before.goroutines+128 && after.heap <= before.heap+(16<<20) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%v after the attack, against %v before it", after, before)
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
+	after, back := r.scrapeUntil(t, time.Now().Add(closeBound), 200*time.Millisecond, func(after process) bool {
+		return after.goroutines <= before.goroutines+128 && after.heap <= before.heap+(16<<20)
+	})
+	if !back {
+		t.Errorf("%v after the attack, against %v before it", after, before)
 	}
 	t.Logf("after the attack: %v", after)
 	// The attack opened more connections than the bound: those beyond it were refused.

@@ -194,20 +194,12 @@ func (r *rig) restAgain(tb testing.TB, rest process) {
 	if _, ok := rest.metrics[fds]; !ok {
 		tb.Fatalf("the cache's metrics have no %s", fds)
 	}
-	deadline := time.Now().Add(closeBound)
-	for {
-		now, err := r.scrape(cacheMetrics)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if now.metrics[fds] <= rest.metrics[fds]+8 && now.goroutines <= rest.goroutines+16 {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the cache is not back at rest %v after an attack: %v, %.0f file descriptors open; at rest %v, %.0f",
-				closeBound, now, now.metrics[fds], rest, rest.metrics[fds])
-		}
-		time.Sleep(100 * time.Millisecond)
+	now, back := r.scrapeUntil(tb, time.Now().Add(closeBound), 100*time.Millisecond, func(now process) bool {
+		return now.metrics[fds] <= rest.metrics[fds]+8 && now.goroutines <= rest.goroutines+16
+	})
+	if !back {
+		tb.Fatalf("the cache is not back at rest %v after an attack: %v, %.0f file descriptors open; at rest %v, %.0f",
+			closeBound, now, now.metrics[fds], rest, rest.metrics[fds])
 	}
 }
 

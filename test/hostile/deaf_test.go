@@ -123,19 +123,11 @@ func (r *rig) testDeaf(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	gone := time.Since(start)
-	var after process
-	for {
-		if after, err = r.scrape(cacheMetrics); err != nil {
-			t.Fatal(err)
-		}
-		if after.goroutines <= before.goroutines+float64(len(conns))/4 {
-			break
-		}
-		if time.Since(start) > deafBound {
-			t.Errorf("%v once the cache closed the deaf connections, against %v before", after, before)
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
+	after, back := r.scrapeUntil(t, start.Add(deafBound), 250*time.Millisecond, func(after process) bool {
+		return after.goroutines <= before.goroutines+float64(len(conns))/4
+	})
+	if !back {
+		t.Errorf("%v once the cache closed the deaf connections, against %v before", after, before)
 	}
 	lookups := pod.end()
 	t.Logf("the cache closed the deaf connections after %v: %v", gone.Round(time.Millisecond), after)

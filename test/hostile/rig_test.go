@@ -240,6 +240,25 @@ func (r *rig) scrape(addr string) (process, error) {
 	return p, err
 }
 
+// scrapeUntil scrapes the cache under test every `every` until ok accepts its figures or deadline passes, and
+// returns the last figures and whether ok accepted them; a scrape that fails ends the test.
+func (r *rig) scrapeUntil(tb testing.TB, deadline time.Time, every time.Duration, ok func(process) bool) (process, bool) {
+	tb.Helper()
+	for {
+		p, err := r.scrape(cacheMetrics)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if ok(p) {
+			return p, true
+		}
+		if time.Now().After(deadline) {
+			return p, false
+		}
+		time.Sleep(every)
+	}
+}
+
 func (r *rig) scrapeOnce(addr string) (process, error) {
 	var c net.Conn
 	err := r.n.Do(r.n.NodeNS, func() (err error) {
