@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 )
 
-// turnEvery is how many units of a burst's work (a connection accepted or reset) one goroutine does before
-// it gives the hits a turn: a few microseconds each, so a hit waits some tens of microseconds at most.
+// turnEvery is how many units of a burst's work (a connection accepted, closed or reset) one goroutine does
+// before it gives the hits a turn: a few microseconds each, so a hit waits some tens of microseconds at most.
 const turnEvery = 16
 
 // hitTurns gives the hits queued on an instance's fast paths a turn during a long run of other work on one
