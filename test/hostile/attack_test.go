@@ -169,7 +169,14 @@ type hostilePod struct {
 	// floodCases, when set, picks the odd cases the flood sends by name (the benchmark's HOSTILE_FLOOD);
 	// unset, it sends them all.
 	floodCases *regexp.Regexp
+	// floodAt, when set, is where the flood goes instead of the cache's two addresses: the benchmark's decoy
+	// (decoyAddr), the same flood from the same process aimed at nothing.
+	floodAt string
 }
+
+// decoyAddr is where the decoy flood goes: a port nothing listens on, in the hostile Pod's own namespace, so
+// that the attacker spends on its flood what it spends on the real one but the cache sees none of it.
+const decoyAddr = "127.0.0.1:9"
 
 // The hostile Pod is a Pod of its own, as on a node: its own network namespace, address and veth. The cache
 // tells it from the well-behaved Pod by its address (it bounds the TCP connections of each client address),
@@ -333,9 +340,9 @@ func resetByPeer(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// flood sends total odd queries over UDP to both addresses, from floodSockets sockets at a time (each used
-// for 50 queries, then replaced), at most floodRate a second, and reads nothing: what the cache answers
-// was compared already, this is about what it costs.
+// flood sends total odd queries over UDP to both addresses (or to floodAt), from floodSockets sockets at a
+// time (each used for 50 queries, then replaced), at most floodRate a second, and reads nothing: what the
+// cache answers was compared already, this is about what it costs.
 func (h hostilePod) flood(total int) (int64, error) {
 	queries := floodSent(h.floodCases)
 	if len(queries) == 0 {
@@ -357,8 +364,11 @@ func (h hostilePod) flood(total int) (int64, error) {
 				if slot < len(sockets) {
 					sockets[slot].Close()
 				}
-				p := pairs[slot%len(pairs)]
-				c, err := net.Dial("udp", p.cache)
+				to := pairs[slot%len(pairs)].cache
+				if h.floodAt != "" {
+					to = h.floodAt
+				}
+				c, err := net.Dial("udp", to)
 				if err != nil {
 					return err
 				}

@@ -91,8 +91,9 @@ func runAttacker(attacks []string) int {
 
 // attackUntil runs testAttack's mix, the attacks named (idle, loris, held, flood), until stop is closed: the
 // idle and slow-loris connections are opened again each time the cache has closed them, the held
-// connections and the flood repeat. done is closed once everything it opened is closed; failed then says
-// whether an attack stopped on an error (printed to standard error) or was not known.
+// connections and the flood repeat. decoy is the flood aimed at nothing (decoyAddr): what the attacker's
+// own work costs the machine, without the cache's part. done is closed once everything it opened is closed;
+// failed then says whether an attack stopped on an error (printed to standard error) or was not known.
 func (h hostilePod) attackUntil(stop <-chan struct{}, attacks []string) (done <-chan struct{}, failed func() bool) {
 	finished := make(chan struct{})
 	var wg sync.WaitGroup
@@ -129,8 +130,12 @@ func (h hostilePod) attackUntil(stop <-chan struct{}, attacks []string) (done <-
 			repeat(func() error { _, _, err := h.held(heldConns); return err })
 		case "flood":
 			repeat(func() error { _, err := h.flood(floodRate); return err }) // a second's worth at a time
+		case "decoy":
+			d := h
+			d.floodAt = decoyAddr
+			repeat(func() error { _, err := d.flood(floodRate); return err })
 		default:
-			fail("no attack %q (idle, loris, held, flood)", a)
+			fail("no attack %q (idle, loris, held, flood, decoy)", a)
 		}
 	}
 	go func() {

@@ -30,6 +30,10 @@ func TestMain(m *testing.M) {
 		// This is the benchmark's attacker process (startAttacker), not a test run.
 		os.Exit(runAttacker(strings.Split(attacks, ",")))
 	}
+	if spec, ok := os.LookupEnv(lookupsEnv); ok {
+		// This is the benchmark's well-behaved Pod (podLookupsIn), not a test run.
+		os.Exit(runLookups(spec))
+	}
 	code := m.Run()
 	build.Remove()
 	os.Exit(code)
