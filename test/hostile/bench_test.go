@@ -168,7 +168,8 @@ func (r *rig) restAgain(tb testing.TB, rest process) {
 // well-behaved Pod's process (its workers), the attacker (none in an undisturbed window), the cluster DNS's
 // CoreDNS, this process (the relay in front of the cluster DNS, brokenUpstream), and the machine as a whole
 // (every process and the kernel's own work, on all CPUs): how busy the machine was, and whose work that was.
-// Back to back the workers wait for each answer, so the machine need not be saturated.
+// Back to back the workers wait for each answer, so the machine need not be saturated. cpuNow reads all
+// but pod, which is the well-behaved Pod's own count (podLookupsIn).
 type cpuUse struct {
 	cache, pod, attacker, clusterDNS, self, machine time.Duration
 	attacked                                        bool
