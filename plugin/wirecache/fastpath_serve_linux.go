@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/coredns/coredns/core/dnsserver"
 
@@ -20,10 +21,13 @@ const (
 	// server. Under more concurrent misses than this, a query gets a goroutine of its own, as miekg/dns
 	// gives each.
 	maxKeptServers = 256
-	// maxIdleServers is how many of them stay once idle for a trim period (the fast path's steerCheck),
-	// so that a burst (a slow upstream holding many misses at once) leaves no more than this many grown
-	// stacks behind.
+	// maxIdleServers is how many of them stay once idle for a whole trimPeriod, so that a burst (a slow
+	// upstream holding many misses at once) leaves no more than this many grown stacks behind.
 	maxIdleServers = 16
+	// trimPeriod is how often the kept goroutines are trimmed while more than maxIdleServers of them are
+	// idle: those idle for a whole period end, a period or two after a burst. With no more idle, no timer
+	// runs, so an idle cache is not woken for it.
+	trimPeriod = time.Second
 )
 
 // chainServers hand the queries the fast path holds no answer for to CoreDNS's server, as miekg/dns's UDP
@@ -50,13 +54,21 @@ type chainServers struct {
 	// fewestIdle is the fewest kept goroutines that were idle at once since the last trim.
 	fewestIdle atomic.Int32
 	inFly      sync.WaitGroup
+	// trimEvery is the trim period (trimPeriod; tests set their own before the first query). trimTimer
+	// runs trimTick, and trimArmed says whether it is set to.
+	trimEvery time.Duration
+	trimTimer *time.Timer
+	trimArmed atomic.Bool
 }
 
 func newChainServers(fp *fastPath) *chainServers {
 	// The context CoreDNS's server builds for each query; nothing in the chain changes it in place.
 	ctx := context.WithValue(context.Background(), dnsserver.Key{}, fp.srv)
 	ctx = context.WithValue(ctx, dnsserver.LoopKey{}, 0)
-	return &chainServers{fp: fp, ctx: ctx, jobs: make(chan passedQuery), trims: make(chan struct{})}
+	s := &chainServers{fp: fp, ctx: ctx, jobs: make(chan passedQuery), trims: make(chan struct{}), trimEvery: trimPeriod}
+	s.trimTimer = time.AfterFunc(time.Hour, s.trimTick)
+	s.trimTimer.Stop()
+	return s
 }
 
 // serve hands q, a plain query, to the server.
@@ -83,7 +95,9 @@ func (s *chainServers) keep(q passedQuery) {
 	for {
 		s.noteIdle(s.kept.Load() - s.busy.Add(1))
 		s.answer(q)
-		s.busy.Add(-1)
+		if s.kept.Load()-s.busy.Add(-1) > maxIdleServers {
+			s.armTrim()
+		}
 		var ok bool
 		select {
 		case q, ok = <-s.jobs:
@@ -103,6 +117,23 @@ func (s *chainServers) noteIdle(idle int32) {
 		if idle >= fewest || s.fewestIdle.CompareAndSwap(fewest, idle) {
 			return
 		}
+	}
+}
+
+// armTrim sets the trim timer, unless it is set already.
+func (s *chainServers) armTrim() {
+	if s.trimArmed.CompareAndSwap(false, true) {
+		s.trimTimer.Reset(s.trimEvery)
+	}
+}
+
+// trimTick trims, and sets the timer again while more than maxIdleServers kept goroutines are idle: after
+// a burst, the first trim starts a period and the second ends the goroutines idle all through it.
+func (s *chainServers) trimTick() {
+	s.trim()
+	s.trimArmed.Store(false)
+	if s.kept.Load()-s.busy.Load() > maxIdleServers {
+		s.armTrim()
 	}
 }
 
@@ -136,7 +167,10 @@ func (s *chainServers) answer(q passedQuery) {
 }
 
 // close lets the kept goroutines end once idle. No serve may follow it.
-func (s *chainServers) close() { close(s.jobs) }
+func (s *chainServers) close() {
+	close(s.jobs)
+	s.trimTimer.Stop()
+}
 
 // wait waits for the queries handed over to be answered, or ctx to end.
 func (s *chainServers) wait(ctx context.Context) error {

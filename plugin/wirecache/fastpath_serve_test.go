@@ -42,7 +42,10 @@ func newTestChainServers(t *testing.T, handler plugin.Handler) (*chainServers, *
 		t.Fatal(err)
 	}
 	fp.chain = &chainConn{fp: fp, queue: make(chan passedQuery, passQueue), closed: make(chan struct{}), passed: make(chan struct{}, 1)}
-	return newChainServers(fp), client
+	s := newChainServers(fp)
+	// The tests trim by hand, unless they set a period of their own.
+	s.trimEvery = time.Hour
+	return s, client
 }
 
 // readReplies reads n replies on client and returns their IDs. The deadline only bounds a failure.
@@ -227,6 +230,45 @@ func TestChainServersKeepThroughBursts(t *testing.T) {
 		t.Errorf("the second trim ended %d goroutines, want %d", ended, want)
 	}
 	waitKept(t, s, maxIdleServers)
+	s.close()
+	if err := s.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChainServersEndABurstsGoroutinesOnTheirOwn holds a burst of queries in the chain at once, releases
+// them, and waits, with nothing else to do, until the goroutines beyond maxIdleServers have ended, and the
+// trim timer is no longer set. A burst's goroutines were trimmed only at the fast path's group checks,
+// which back off to 5 minutes on an idle node: after a flood of queries the cluster DNS never answered
+// (NOTIFY), 511 goroutines of two fast paths were still there 25 s later.
+func TestChainServersEndABurstsGoroutinesOnTheirOwn(t *testing.T) {
+	const burst = 4 * maxIdleServers
+	release := make(chan struct{})
+	arrived := make(chan struct{}, burst)
+	s, client := newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+		arrived <- struct{}{}
+		<-release
+		return answerA(ctx, w, r)
+	}))
+	s.trimEvery = 10 * time.Millisecond
+	from := client.LocalAddr().(*net.UDPAddr)
+	for i := range uint16(burst) {
+		s.serve(passedQuery{b: packedQuery(t, i), from: from})
+	}
+	for range burst {
+		<-arrived
+	}
+	close(release)
+	if _, err := readReplies(client, burst); err != nil {
+		t.Fatal(err)
+	}
+	waitKept(t, s, maxIdleServers)
+	// The deadline only bounds a failure.
+	for deadline := time.Now().Add(time.Minute); s.trimArmed.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the trim timer is still set a minute after the goroutines beyond maxIdleServers ended")
+		}
+	}
 	s.close()
 	if err := s.wait(context.Background()); err != nil {
 		t.Fatal(err)

@@ -69,8 +69,7 @@ func (fp *fastPath) udpSocket() *groupSocket {
 // (nodelocal.SuccessorQueued), the fast path gives the group back to the kernel's hash once, if it was
 // steered to the fast path, and leaves it alone. Otherwise it steers again, checking with a probe that
 // packets come to it, when the group changed; a look at a group as it was is a read of its sockets and
-// nothing else. Each round also ends the goroutines the chainServers keep beyond what the last round needed
-// (trim).
+// nothing else.
 func (fp *fastPath) keepSteered(ctx context.Context) {
 	defer close(fp.steerDone)
 	changes, unsubscribe := nodelocal.ReuseportChanges()
@@ -88,9 +87,6 @@ func (fp *fastPath) keepSteered(ctx context.Context) {
 		}
 	}()
 	for {
-		if fp.servers != nil {
-			fp.servers.trim()
-		}
 		failed := false
 		for _, s := range fp.socks {
 			if !fp.lookAt(ctx, s) {
