@@ -147,16 +147,19 @@ func BenchmarkHotLookupsUnderAttack(b *testing.B) {
 // attack: every connection of the attack closed, its held refusals reset (open file descriptors within a
 // few of rest's) and its goroutines ended, so that no window starts while the cache still winds down the
 // attack of the window before it (in rounds that start with the attack, the previous round's last window
-// was under attack too). A cache that does not get back there within closeBound holds on to something the
-// attack left, and the benchmark fails.
+// was under attack too). Its goroutines may stay above rest's by the ones each fast path keeps for the
+// queries it hands to the plugin chain (16 idle at most, one fast path per address: wirecache's
+// maxIdleServers), which the attack's queries to the cluster DNS, held for an answer, may have started. A
+// cache that does not get back there within closeBound holds on to something the attack left, and the
+// benchmark fails.
 func (r *rig) restAgain(tb testing.TB, rest process) {
 	tb.Helper()
-	const fds = "process_open_fds"
+	const fds, keptIdle = "process_open_fds", 2 * 16
 	if _, ok := rest.metrics[fds]; !ok {
 		tb.Fatalf("the cache's metrics have no %s", fds)
 	}
 	now, back := r.scrapeUntil(tb, time.Now().Add(closeBound), 100*time.Millisecond, func(now process) bool {
-		return now.metrics[fds] <= rest.metrics[fds]+8 && now.goroutines <= rest.goroutines+16
+		return now.metrics[fds] <= rest.metrics[fds]+8 && now.goroutines <= rest.goroutines+16+keptIdle
 	})
 	if !back {
 		tb.Fatalf("the cache is not back at rest %v after an attack: %v, %.0f file descriptors open; at rest %v, %.0f",
