@@ -48,6 +48,20 @@ func newTestChainServers(t *testing.T, handler plugin.Handler) (*chainServers, *
 	return s, client
 }
 
+// newHeldChainServers is newTestChainServers with a chain that holds every query until release lets it
+// go; arrived (of room for n) tells when each has reached the chain.
+func newHeldChainServers(t *testing.T, n int) (s *chainServers, client *net.UDPConn, arrived <-chan struct{}, release chan struct{}) {
+	t.Helper()
+	release = make(chan struct{})
+	in := make(chan struct{}, n)
+	s, client = newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+		in <- struct{}{}
+		<-release
+		return answerA(ctx, w, r)
+	}))
+	return s, client, in, release
+}
+
 // readReplies reads n replies on client and returns their IDs. The deadline only bounds a failure.
 func readReplies(client *net.UDPConn, n int) (map[uint16]bool, error) {
 	ids := map[uint16]bool{}
@@ -114,13 +128,7 @@ func TestChainServersKeepTheirGoroutines(t *testing.T) {
 // TestChainServersBeyondTheKept holds more queries than goroutines are kept in the chain at once: each is
 // answered all the same, the kept ones no more than maxKeptServers, and wait waits for every one.
 func TestChainServersBeyondTheKept(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, maxKeptServers+20)
-	s, client := newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
-		arrived <- struct{}{}
-		<-release
-		return answerA(ctx, w, r)
-	}))
+	s, client, arrived, release := newHeldChainServers(t, maxKeptServers+20)
 	from := client.LocalAddr().(*net.UDPAddr)
 	const queries = maxKeptServers + 20
 	for id := range uint16(queries) {
@@ -187,13 +195,7 @@ func waitKept(t *testing.T, s *chainServers, want int32) {
 // a whole period (between two trims) idle, not as soon as more than maxIdleServers are idle.
 func TestChainServersKeepThroughBursts(t *testing.T) {
 	const burst, bursts = 4 * maxIdleServers, 5
-	release := make(chan struct{})
-	arrived := make(chan struct{}, burst)
-	s, client := newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
-		arrived <- struct{}{}
-		<-release
-		return answerA(ctx, w, r)
-	}))
+	s, client, arrived, release := newHeldChainServers(t, burst)
 	from := client.LocalAddr().(*net.UDPAddr)
 	for b := range uint16(bursts) {
 		for i := range uint16(burst) {
@@ -243,13 +245,7 @@ func TestChainServersKeepThroughBursts(t *testing.T) {
 // (NOTIFY), 511 goroutines of two fast paths were still there 25 s later.
 func TestChainServersEndABurstsGoroutinesOnTheirOwn(t *testing.T) {
 	const burst = 4 * maxIdleServers
-	release := make(chan struct{})
-	arrived := make(chan struct{}, burst)
-	s, client := newTestChainServers(t, plugin.HandlerFunc(func(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
-		arrived <- struct{}{}
-		<-release
-		return answerA(ctx, w, r)
-	}))
+	s, client, arrived, release := newHeldChainServers(t, burst)
 	s.trimEvery = 10 * time.Millisecond
 	from := client.LocalAddr().(*net.UDPAddr)
 	for i := range uint16(burst) {
