@@ -39,10 +39,9 @@ var brokenKinds = []string{
 // as the name's first label says. Over TCP it answers a connection's queries concurrently, in the order
 // their replies come, as RFC 7766 allows.
 //
-// It keeps its connections to the cluster DNS's CoreDNS between queries, as a cluster DNS keeps its own
-// state: a connection opened for each query (a hop to the goroutine that dials in the DNS namespace, a
-// handshake, a close) cost this process, which the well-behaved Pod's workers share, several times what the
-// CoreDNS behind it spent answering, and the benchmark counted that against the cache.
+// It keeps its connections to the cluster DNS's CoreDNS between queries: a connection opened for each query
+// (a hop to the goroutine that dials in the DNS namespace, a handshake, a close) is work no cluster DNS
+// does, on the cores the benchmark's Pods and the cache share.
 type brokenUpstream struct {
 	open   func() (net.Conn, error)
 	kept   chan net.Conn // connections to the cluster DNS's CoreDNS, idle, for the next query
