@@ -44,13 +44,7 @@ func (r *rig) startAttacker(tb testing.TB, attacks []string) *attacker {
 	}
 	env := append(os.Environ(), attackerEnv+"="+strings.Join(attacks, ","))
 	p := r.n.StartEnv(r.hostileNS, env, self)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.Output(), attackerUp) {
-		if p.Exited() || time.Now().After(deadline) {
-			tb.Fatalf("the attacker process did not start its attacks:\n%s", p.Output())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	r.waitOutput(p, attackerUp, 30*time.Second)
 	return &attacker{p: p}
 }
 

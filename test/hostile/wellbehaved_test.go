@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -62,13 +61,7 @@ func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, between func(started
 		tb.Fatal(err)
 	}
 	p := r.n.StartEnv(r.n.PodNS, append(os.Environ(), lookupsEnv+"="+string(js)), self)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.Output(), lookupsReady) {
-		if p.Exited() || time.Now().After(deadline) {
-			tb.Fatalf("the well-behaved Pod's process did not get ready:\n%s", p.Output())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	r.waitOutput(p, lookupsReady, 30*time.Second)
 	between(true)
 	if err := p.Signal(syscall.SIGUSR1); err != nil {
 		tb.Fatalf("starting the well-behaved Pod's lookups: %v", err)
