@@ -152,7 +152,6 @@ func (r *fastReader) recv(fd uintptr) bool {
 func (r *fastReader) handle(n int) {
 	fp := r.fp
 	fp.queries.Add(float64(n))
-	passed := 0
 	now := time.Now()
 	for i := range n {
 		h := &r.hdrs[i]
@@ -171,7 +170,9 @@ func (r *fastReader) handle(n int) {
 				continue
 			}
 		}
-		passed++
+		// Counted before it is handed over: the server may answer it before this batch is done, and
+		// whoever got that answer may read the counter next.
+		fp.passed.Inc()
 		from := sockaddrUDP(&r.names[i], h.Hdr.Namelen)
 		if from == nil {
 			continue
@@ -182,9 +183,6 @@ func (r *fastReader) handle(n int) {
 		} else {
 			fp.chain.passQuery(q)
 		}
-	}
-	if passed > 0 {
-		fp.passed.Add(float64(passed))
 	}
 	if n == fastBatch && fp.helpBeside {
 		// More may be queued: an idle helper reads it meanwhile. With one P it could only read once this
