@@ -100,16 +100,7 @@ func BenchmarkHotLookupsUnderAttack(b *testing.B) {
 						a = attacker.p
 						time.Sleep(time.Second) // the connections open, the flood is on
 					}
-					var before, after cpuUse
-					l, podCPU := r.podLookupsIn(b, spec, func(started bool) {
-						if started {
-							before = r.cpuNow(b, a)
-						} else {
-							after = r.cpuNow(b, a)
-						}
-					})
-					use := after.since(before)
-					use.pod = podCPU
+					l, use := r.podLookupsIn(b, spec, a)
 					if attack {
 						attacked, attackedCPU = l, use
 					} else {

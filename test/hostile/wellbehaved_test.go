@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
 // lookupsEnv, set to a lookupsSpec in JSON, makes the test binary the benchmark's well-behaved Pod instead of
@@ -46,9 +48,9 @@ type lookupsReport struct {
 // podLookupsIn runs the benchmark's well-behaved Pod for a window, as a process of its own in the Pod's
 // namespace (the test binary run again), as the attacker is: its goroutines, its sockets and its Go
 // scheduler are not those of this process, which holds the relay in front of the cluster DNS, and its CPU
-// time is its own (the report's). between is called once the process is ready, just before it starts its
-// lookups, and once they are done, so that the caller can read what else ran in that time.
-func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, between func(started bool)) (podLookups, time.Duration) {
+// time is its own (the report's). It returns the Pod's lookups and the CPU time used while it asked
+// (cpuUse, attacker nil when none runs), the Pod's own from its report.
+func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, attacker *simnode.Process) (podLookups, cpuUse) {
 	tb.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -62,7 +64,7 @@ func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, between func(started
 	}
 	p := r.n.StartEnv(r.n.PodNS, append(os.Environ(), lookupsEnv+"="+string(js)), self)
 	r.waitOutput(p, lookupsReady, 30*time.Second)
-	between(true)
+	before := r.cpuNow(tb, attacker)
 	if err := p.Signal(syscall.SIGUSR1); err != nil {
 		tb.Fatalf("starting the well-behaved Pod's lookups: %v", err)
 	}
@@ -70,7 +72,7 @@ func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, between func(started
 	if err := p.Wait(spec.Window + glibcAttempts*glibcTimeout + 30*time.Second); err != nil {
 		tb.Fatalf("the well-behaved Pod's process: %v\n%s", err, p.Output())
 	}
-	between(false)
+	use := r.cpuNow(tb, attacker).since(before)
 	b, err := os.ReadFile(spec.Out)
 	if err != nil {
 		tb.Fatalf("the well-behaved Pod's lookups: %v\n%s", err, p.Output())
@@ -79,10 +81,11 @@ func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, between func(started
 	if err := json.Unmarshal(b, &rep); err != nil {
 		tb.Fatalf("the well-behaved Pod's lookups: %v", err)
 	}
+	use.pod = rep.CPU
 	return podLookups{
 		answered: rep.Answered, failed: rep.Failed, retried: rep.Retried, first: rep.First,
 		latencies: rep.Latencies, overTCP: rep.OverTCP, elapsed: rep.Elapsed,
-	}, rep.CPU
+	}, use
 }
 
 // runLookups is the well-behaved Pod's process: it says it is ready, waits for SIGUSR1, runs the lookups
