@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/buildinfo"
 	"errors"
 	"flag"
 	"fmt"
@@ -181,6 +182,27 @@ func TestLeanBuildPairIsComplete(t *testing.T) {
 	}
 	if union := slices.Sorted(slices.Values(slices.Concat(leanPlugins, leanLeavesOut))); !slices.Equal(union, want) {
 		t.Errorf("lean build %v plus %v = %v, want the full build's %v", leanPlugins, leanLeavesOut, union, want)
+	}
+}
+
+// TestImageBuildsUseTheProfile: the image's two builds, made as the Dockerfile makes them, are optimised with
+// default.pgo (go version -m shows -pgo=default.pgo).
+func TestImageBuildsUseTheProfile(t *testing.T) {
+	lean, full := buildPairFor(t, t.TempDir())
+	for _, binary := range []string{lean, full} {
+		info, err := buildinfo.ReadFile(binary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pgo := ""
+		for _, s := range info.Settings {
+			if s.Key == "-pgo" {
+				pgo = s.Value
+			}
+		}
+		if filepath.Base(pgo) != defaultPGO {
+			t.Errorf("%s was built with -pgo=%q, want %s", filepath.Base(binary), pgo, defaultPGO)
+		}
 	}
 }
 
