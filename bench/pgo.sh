@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CPU profile Go's compiler optimises node-cache with: cmd/node-cache/default.pgo, which `go build` of
 # cmd/node-cache (the Dockerfile's, the tests', `make build`) uses by default (profile-guided optimisation:
-# the hot calls it names are inlined, and a hot call through an interface, such as CoreDNS's chain calling the
-# next plugin's ServeDNS, calls the type the profile saw most there directly, behind a check of the type).
+# the hot calls it names are inlined, and a hot call through an interface calls the type the profile saw most
+# there directly, behind a check of the type: `go build -gcflags=all=-m=1` says "PGO devirtualizing" for each).
 # This script records it where the cache runs: on bench/simnode.sh's simulated node, the build and Corefile as
 # examples/kubernetes/nodelocaldns-iptables.yaml starts them (with CoreDNS's pprof plugin added to serve the
 # profile), over the work a node gives it.
