@@ -17,6 +17,8 @@
 # same at every rate. The build profiled is the one the Dockerfile makes from this tree, with the default.pgo
 # there is: profiling a build optimised with an earlier profile is what Go's documentation recommends.
 #
+# NODE_CACHE=PATH profiles that build instead of building cmd/node-cache as its Dockerfile does.
+#
 # Needs root (network namespaces), iproute2, iptables, dnsperf, curl, go, taskset, 2 CPUs. Kills only the
 # processes it started; removes its namespaces, links and files at exit.
 set -euo pipefail
@@ -85,7 +87,7 @@ wait "$curl_pid" || die "no profile from the cache's pprof endpoint; see $work/s
 simnode_stop shipped
 
 # A profile the compiler can use names functions; check before replacing the one there is.
-go tool pprof -top -nodecount=1 "$profile" >/dev/null 2>&1 || die "the profile does not parse"
-go tool pprof -top "$profile" 2>/dev/null | grep -q 'plugin/wirecache' || die "the profile saw no wirecache function"
+top=$(go tool pprof -top "$profile" 2>&1) || die "the profile does not parse: $top"
+grep -q 'plugin/wirecache' <<<"$top" || die "the profile saw no wirecache function"
 cp "$profile" "$OUT"
 echo "wrote $OUT ($(stat -c %s "$OUT") bytes)"

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -124,6 +126,8 @@ func splitFuncName(name string) (pkg, fn string, err error) {
 		return "", "", fmt.Errorf("%q is not a package-qualified function name", name)
 	}
 	pkg, rest := plain[:slash+1+dot], plain[slash+1+dot+1:]
+	// A method value's wrapper is the method's name with -fm.
+	rest = strings.TrimSuffix(rest, "-fm")
 	parts := strings.Split(strings.NewReplacer("(*", "", ")", "").Replace(rest), ".")
 	for len(parts) > 1 && closureSuffix.MatchString(parts[len(parts)-1]) {
 		parts = parts[:len(parts)-1]
@@ -135,13 +139,16 @@ func splitFuncName(name string) (pkg, fn string, err error) {
 }
 
 // declaredFuncs returns the functions the Go files (tests left out) in dir declare, as splitFuncName names
-// them: "F", or "T.Method" for a method of T or *T.
+// them: "F", or "T.Method" for a method of T or *T. A package that is gone declares none.
 func declaredFuncs(dir string) (map[string]bool, error) {
+	funcs := map[string]bool{}
 	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return funcs, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	funcs := map[string]bool{}
 	fset := token.NewFileSet()
 	for _, e := range entries {
 		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
@@ -197,6 +204,7 @@ func TestSplitFuncName(t *testing.T) {
 		{"internal/sync.(*HashTrieMap[go.shape.interface {},go.shape.*example.com/a/b.T]).Load", "internal/sync", "HashTrieMap.Load"},
 		{"github.com/nodelocaldns/nodelocaldns.init.0", modulePath, "init"},
 		{"main.main.func1.2", "main", "main"},
+		{"github.com/nodelocaldns/nodelocaldns/plugin/wirecache.(*fastReader).recv-fm", modulePath + "/plugin/wirecache", "fastReader.recv"},
 	} {
 		pkg, fn, err := splitFuncName(tc.name)
 		if err != nil || pkg != tc.pkg || fn != tc.fn {
