@@ -1,11 +1,9 @@
 package clamp
 
 import (
-	"maps"
-	"sync"
-	"sync/atomic"
-
 	"github.com/coredns/coredns/plugin"
+
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/series"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -35,47 +33,24 @@ type serverCounters struct {
 }
 
 // counterSet hands out the labelled counters of each server, looking the labels up once per server
-// instead of once per response. Reads are lock-free; the map is replaced when a server is added.
+// instead of once per response.
 type counterSet struct {
-	mu       sync.Mutex
-	byServer atomic.Pointer[map[string]*serverCounters]
+	byServer series.PerServer[*serverCounters]
 }
 
 func (cs *counterSet) add(server string, k kind, t tally) {
-	sc := cs.get(server)
+	sc := cs.byServer.Get(server, func() *serverCounters {
+		sc := &serverCounters{}
+		for _, k := range []kind{success, denial} {
+			sc.raised[k] = ttlRaised.WithLabelValues(server, windowLabels[k])
+			sc.lowered[k] = ttlLowered.WithLabelValues(server, windowLabels[k])
+		}
+		return sc
+	})
 	if t.raised > 0 {
 		sc.raised[k].Add(float64(t.raised))
 	}
 	if t.lowered > 0 {
 		sc.lowered[k].Add(float64(t.lowered))
 	}
-}
-
-func (cs *counterSet) get(server string) *serverCounters {
-	if m := cs.byServer.Load(); m != nil {
-		if sc, ok := (*m)[server]; ok {
-			return sc
-		}
-	}
-
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	old := cs.byServer.Load()
-	if old != nil {
-		if sc, ok := (*old)[server]; ok {
-			return sc
-		}
-	}
-	sc := &serverCounters{}
-	for _, k := range []kind{success, denial} {
-		sc.raised[k] = ttlRaised.WithLabelValues(server, windowLabels[k])
-		sc.lowered[k] = ttlLowered.WithLabelValues(server, windowLabels[k])
-	}
-	next := make(map[string]*serverCounters, 1)
-	if old != nil {
-		maps.Copy(next, *old)
-	}
-	next[server] = sc
-	cs.byServer.Store(&next)
-	return sc
 }

@@ -19,7 +19,10 @@ import (
 	"github.com/coredns/coredns/plugin/pkg/proxy"
 	"github.com/coredns/coredns/request"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/series"
+
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Pipelining limits. The cluster DNS (CoreDNS, and every server built on miekg/dns) answers the queries of
@@ -80,6 +83,8 @@ type pipeline struct {
 	forwardUpstream metadata.Func
 	// newIO returns how a new connection is read and written (newStreamIO; tests wrap it).
 	newIO func(net.Conn) (streamIO, error)
+	// series are where the queries sent here are counted.
+	series pipeSeries
 	// stallTimers keeps the timers of pipeConn.wait, stopped, between queries: a timer is three objects,
 	// a tenth of what a miss allocated in upstreamsvc.
 	stallTimers sync.Pool
@@ -107,21 +112,39 @@ func newPipeline(addr string, expire time.Duration, resender *lazyProxy, zones s
 
 // observe records an answer in CoreDNS's proxy metrics, as forward records its own.
 func (p *pipeline) observe(m *dns.Msg, took time.Duration) {
-	rc, known := dns.RcodeToString[m.Rcode]
-	if !known {
-		rc = strconv.Itoa(m.Rcode)
+	rcode := m.Rcode
+	duration := func() prometheus.Observer {
+		rc, known := dns.RcodeToString[rcode]
+		if !known {
+			rc = strconv.Itoa(rcode)
+		}
+		return proxyRequestDuration.WithLabelValues(proxyName, p.addr, rc)
 	}
-	proxyRequestDuration.WithLabelValues(proxyName, p.addr, rc).Observe(took.Seconds())
+	if rcode < 0 || rcode >= len(p.series.duration) {
+		duration().Observe(took.Seconds()) // an extended rcode beyond BADCOOKIE: labelled each time
+		return
+	}
+	p.series.duration[rcode].Get(duration).Observe(took.Seconds())
 }
 
 // countConn counts a query sent on an open connection (reused) or a connection opened, as forward's
 // connection cache hits and misses.
 func (p *pipeline) countConn(reused bool) {
 	if reused {
-		proxyConnCacheHits.WithLabelValues(proxyName, p.addr, "tcp").Inc()
+		p.series.reused.Get(func() prometheus.Counter {
+			return proxyConnCacheHits.WithLabelValues(proxyName, p.addr, "tcp")
+		}).Inc()
 	} else {
-		proxyConnCacheMisses.WithLabelValues(proxyName, p.addr, "tcp").Inc()
+		p.series.opened.Get(func() prometheus.Counter {
+			return proxyConnCacheMisses.WithLabelValues(proxyName, p.addr, "tcp")
+		}).Inc()
 	}
+}
+
+// pipeSeries are a pipeline's children of CoreDNS's proxy series, resolved on first use.
+type pipeSeries struct {
+	reused, opened series.Slot[prometheus.Counter]
+	duration       [dns.RcodeBadCookie + 1]series.Slot[prometheus.Observer] // by rcode
 }
 
 // streamIO is how a pipelined connection is read and written: the net.Conn, or on Linux raw calls on its

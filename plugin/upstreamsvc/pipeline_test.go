@@ -15,6 +15,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // frameServer is a TCP DNS server on loopback under the test's control: each connection's frames go to
@@ -108,14 +109,20 @@ func replyWith(t *testing.T, f frame, a net.IP) {
 	m := new(dns.Msg)
 	m.SetReply(f.msg)
 	m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: f.msg.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: a}}
+	writeFrame(t, f.conn, m)
+}
+
+// writeFrame writes m on conn as a TCP frame.
+func writeFrame(t *testing.T, conn net.Conn, m *dns.Msg) {
+	t.Helper()
 	b, err := m.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.conn.Write(binary.BigEndian.AppendUint16(nil, uint16(len(b)))); err != nil {
+	if _, err := conn.Write(binary.BigEndian.AppendUint16(nil, uint16(len(b)))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.conn.Write(b); err != nil {
+	if _, err := conn.Write(b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -231,6 +238,66 @@ func TestPipelineMatchesAnswersByID(t *testing.T) {
 		}
 		if r.m.Question[0].Name != name {
 			t.Errorf("%s: got the answer for %s", name, r.m.Question[0].Name)
+		}
+	}
+}
+
+// TestPipelineCountsInTheProxySeries checks that the pipelined queries are counted in CoreDNS's proxy
+// series, under the labels forward gives its own: each answer's duration by its rcode (an extended one by
+// its number), each query sent on an open connection and each connection opened.
+func TestPipelineCountsInTheProxySeries(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s) // one connection opened
+	rcodes := []int{dns.RcodeSuccess, dns.RcodeNameError, dns.RcodeSuccess, dns.RcodeRefused, 24, 24}
+	for i, rcode := range rcodes {
+		out := goExchange(p, aQuery("counted.example.", uint16(i)))
+		f := s.next(t)
+		m := new(dns.Msg)
+		m.SetRcode(f.msg, rcode)
+		if rcode > 0xf {
+			m.SetEdns0(dns.DefaultMsgSize, false) // the upper bits of the rcode
+		}
+		writeFrame(t, f.conn, m)
+		select {
+		case r := <-out:
+			if r.err != nil {
+				t.Fatalf("query %d: %v", i, r.err)
+			}
+			if r.m.Rcode != rcode {
+				t.Fatalf("query %d: rcode %d, want %d", i, r.m.Rcode, rcode)
+			}
+		case <-time.After(waitLimit):
+			t.Fatalf("query %d: no answer", i)
+		}
+	}
+	want := map[string]uint64{"NOERROR": 2, "NXDOMAIN": 1, "REFUSED": 1, "24": 2}
+	for rc, n := range want {
+		var m dto.Metric
+		if err := proxyRequestDuration.WithLabelValues(proxyName, s.addr(), rc).(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetHistogram().GetSampleCount(); got != n {
+			t.Errorf("request_duration_seconds{rcode=%q}: %d answers, want %d", rc, got, n)
+		}
+	}
+	// Whether a query went on an open connection or opened one depends on the machine's pace (a query that
+	// waits stallAfter retires its connection), so each is counted here once, directly.
+	counts := func() (opened, reused float64) {
+		var o, r dto.Metric
+		if err := proxyConnCacheMisses.WithLabelValues(proxyName, s.addr(), "tcp").Write(&o); err != nil {
+			t.Fatal(err)
+		}
+		if err := proxyConnCacheHits.WithLabelValues(proxyName, s.addr(), "tcp").Write(&r); err != nil {
+			t.Fatal(err)
+		}
+		return o.GetCounter().GetValue(), r.GetCounter().GetValue()
+	}
+	for _, reused := range []bool{true, false} {
+		o0, r0 := counts()
+		p.countConn(reused)
+		o1, r1 := counts()
+		if want := map[bool][2]float64{true: {0, 1}, false: {1, 0}}[reused]; o1-o0 != want[0] || r1-r0 != want[1] {
+			t.Errorf("countConn(%v) added %v to conn_cache_misses_total and %v to conn_cache_hits_total, want %v", reused, o1-o0, r1-r0, want)
 		}
 	}
 }

@@ -31,7 +31,10 @@ import (
 	"github.com/coredns/coredns/plugin/pkg/proxy"
 	"github.com/coredns/coredns/request"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/series"
+
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const pluginName = "upstreamsvc"
@@ -97,6 +100,7 @@ type UpstreamSvc struct {
 
 	errLimitExceeded error
 	concurrent       atomic.Int64
+	attemptsSent     series.PerServer[prometheus.Counter] // attempts_total, by server
 
 	current atomic.Pointer[upstream]
 
@@ -184,7 +188,9 @@ func (u *UpstreamSvc) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns
 		return dns.RcodeServerFailure, errAllDown
 	}
 	server := metrics.WithServer(ctx)
-	budget := newAttempts(u.cfg.MaxAttempts, attemptsSent.WithLabelValues(server, u.zones))
+	budget := newAttempts(u.cfg.MaxAttempts, u.attemptsSent.Get(server, func() prometheus.Counter {
+		return attemptsSent.WithLabelValues(server, u.zones)
+	}))
 	answered, err := u.pipelined(ctx, up, w, r, budget)
 	var rcode int
 	switch {

@@ -2,13 +2,13 @@ package wirecache
 
 import (
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin/metrics"
 	"github.com/coredns/coredns/plugin/metrics/vars"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/series"
 	"github.com/nodelocaldns/nodelocaldns/plugin/internal/zones"
 
 	"github.com/miekg/dns"
@@ -55,12 +55,12 @@ type coreSeries struct {
 
 // zoneSeries are the children of one server and zone. Protocol and family index 0 is UDP and IPv4.
 type zoneSeries struct {
-	duration     atomic.Pointer[prometheus.Observer]
-	do           atomic.Pointer[prometheus.Counter]
-	requests     [2][2][numTypeSlots]atomic.Pointer[prometheus.Counter]
-	requestSize  [2]atomic.Pointer[prometheus.Observer]
-	responseSize [2]atomic.Pointer[prometheus.Observer]
-	responses    [dns.RcodeNameError + 1]atomic.Pointer[prometheus.Counter] // hits are NOERROR or NXDOMAIN
+	duration     series.Slot[prometheus.Observer]
+	do           series.Slot[prometheus.Counter]
+	requests     [2][2][numTypeSlots]series.Slot[prometheus.Counter]
+	requestSize  [2]series.Slot[prometheus.Observer]
+	responseSize [2]series.Slot[prometheus.Observer]
+	responses    [dns.RcodeNameError + 1]series.Slot[prometheus.Counter] // hits are NOERROR or NXDOMAIN
 }
 
 // numTypeSlots covers every type the prometheus plugin labels by name (their codes are below 256; ANY is
@@ -75,27 +75,32 @@ var monitoredTypes = []uint16{
 	dns.TypeIXFR, dns.TypeAXFR, dns.TypeANY,
 }
 
-// typeSlot returns the slot of qtype and its label.
-func typeSlot(qtype uint16) (int, string) {
-	if qtype < numTypeSlots-1 && slices.Contains(monitoredTypes, qtype) {
-		return int(qtype), dns.Type(qtype).String()
+// isMonitoredType is monitoredTypes as a table by code, so that a hit finds its type's slot without a scan.
+var isMonitoredType = func() (is [numTypeSlots - 1]bool) {
+	for _, t := range monitoredTypes {
+		is[t] = true
 	}
-	return numTypeSlots - 1, "other"
+	return is
+}()
+
+// typeSlot returns the slot of qtype.
+func typeSlot(qtype uint16) int {
+	if int(qtype) < len(isMonitoredType) && isMonitoredType[qtype] {
+		return int(qtype)
+	}
+	return numTypeSlots - 1
+}
+
+// typeLabel returns the type label of a slot, as the prometheus plugin gives it.
+func typeLabel(slot int) string {
+	if slot == numTypeSlots-1 {
+		return "other"
+	}
+	return dns.Type(slot).String()
 }
 
 func newCoreSeries(server string, zones []string) *coreSeries {
 	return &coreSeries{server: server, zones: zones, byZone: make([]zoneSeries, len(zones)+1)}
-}
-
-// child returns the metric in slot, resolving it with make the first time. Two hits racing to fill a slot
-// resolve the same child, so either store is right.
-func child[T any](slot *atomic.Pointer[T], make func() T) T {
-	if p := slot.Load(); p != nil {
-		return *p
-	}
-	m := make()
-	slot.Store(&m)
-	return m
 }
 
 // hit is one hit to count: what the prometheus plugin's handler would have read from the query and reply.
@@ -127,23 +132,23 @@ func (s *coreSeries) count(h *hit) {
 	// The view label is empty: wirecache steps aside in a block with a view.
 	const view = ""
 	if h.do {
-		child(&z.do, func() prometheus.Counter { return vars.RequestDo.WithLabelValues(s.server, zone, view) }).Inc()
+		z.do.Get(func() prometheus.Counter { return vars.RequestDo.WithLabelValues(s.server, zone, view) }).Inc()
 	}
-	slot, typeName := typeSlot(h.qtype)
-	child(&z.requests[proto][fam][slot], func() prometheus.Counter {
-		return vars.RequestCount.WithLabelValues(s.server, zone, view, protoName, famName, typeName)
+	slot := typeSlot(h.qtype)
+	z.requests[proto][fam][slot].Get(func() prometheus.Counter {
+		return vars.RequestCount.WithLabelValues(s.server, zone, view, protoName, famName, typeLabel(slot))
 	}).Inc()
-	child(&z.duration, func() prometheus.Observer {
+	z.duration.Get(func() prometheus.Observer {
 		return vars.RequestDuration.WithLabelValues(s.server, zone, view)
 	}).Observe(time.Since(h.start).Seconds())
-	child(&z.responseSize[proto], func() prometheus.Observer {
+	z.responseSize[proto].Get(func() prometheus.Observer {
 		return vars.ResponseSize.WithLabelValues(s.server, zone, view, protoName)
 	}).Observe(float64(h.respSize))
-	child(&z.requestSize[proto], func() prometheus.Observer {
+	z.requestSize[proto].Get(func() prometheus.Observer {
 		return vars.RequestSize.WithLabelValues(s.server, zone, view, protoName)
 	}).Observe(float64(h.reqSize))
 	if h.rcode >= 0 && h.rcode < len(z.responses) {
-		child(&z.responses[h.rcode], func() prometheus.Counter {
+		z.responses[h.rcode].Get(func() prometheus.Counter {
 			return vars.ResponseRcode.WithLabelValues(s.server, zone, view, dns.RcodeToString[h.rcode], pluginName)
 		}).Inc()
 	}

@@ -214,27 +214,73 @@ type fastBlock struct {
 }
 
 // fastRouting chooses a query's block as dnsserver.Server.ServeDNS does: the longest zone match, the root
-// zone last. A zone whose block the fast path does not answer for maps to nil.
-type fastRouting map[string]*fastBlock
-
-// route returns the block for name, lowered and in presentation format, or nil.
-func (r fastRouting) route(name string) *fastBlock {
-	for off := 0; ; {
-		if b, ok := r[name[off:]]; ok {
-			return b
-		}
-		next, end := dns.NextLabel(name, off)
-		if end {
-			break
-		}
-		off = next
-	}
-	return r["."]
+// zone last. A zone whose block the fast path does not answer for maps to nil. The zero fastRouting routes
+// every name to nil.
+type fastRouting struct {
+	byZone map[string]*fastBlock
+	// zoneLabels[n] is set when a zone has n labels; maxLabels is the most any zone has. A name's suffixes
+	// of other lengths are not looked up: a hit for a cluster name costs one lookup instead of one per label.
+	zoneLabels [maxNameLabels + 1]bool
+	maxLabels  int
 }
 
-func (r fastRouting) blocks() int {
+// maxNameLabels is the most labels a name has: 255 bytes in wire format.
+const maxNameLabels = 127
+
+func newFastRouting(byZone map[string]*fastBlock) fastRouting {
+	r := fastRouting{byZone: byZone}
+	for zone := range byZone {
+		n := dns.CountLabel(zone)
+		r.zoneLabels[n] = true
+		r.maxLabels = max(r.maxLabels, n)
+	}
+	return r
+}
+
+// route returns the block for name, lowered and in presentation format, fully qualified, or nil.
+func (r *fastRouting) route(name string) *fastBlock {
+	off, labels := labelSuffix(name, r.maxLabels)
+	for ; labels > 0; labels-- {
+		if r.zoneLabels[labels] {
+			if b, ok := r.byZone[name[off:]]; ok {
+				return b
+			}
+		}
+		off, _ = dns.NextLabel(name, off)
+	}
+	return r.byZone["."]
+}
+
+// labelSuffix returns where the suffix of name (fully qualified, presentation format) with k labels
+// starts, and how many labels that suffix has: all of name's when it has k or fewer.
+func labelSuffix(name string, k int) (off, labels int) {
+	if k == 0 {
+		return len(name), 0
+	}
+	if strings.IndexByte(name, '\\') >= 0 {
+		// An escaped dot is not a label's end: walk as miekg/dns does. The fast path's names have no escapes.
+		n := dns.CountLabel(name)
+		for ; n > k; n-- {
+			off, _ = dns.NextLabel(name, off)
+		}
+		return off, n
+	}
+	for i := len(name) - 2; i >= 0; i-- {
+		if name[i] == '.' {
+			if labels++; labels == k {
+				return i + 1, k
+			}
+		}
+	}
+	if name == "." {
+		return 0, 0
+	}
+	return 0, labels + 1
+}
+
+func (r *fastRouting) blocks() int {
 	n := 0
-	for _, b := range r {
+	for _, b := range r.byZone {
 		if b != nil {
 			n++
 		}
@@ -247,26 +293,27 @@ func (r fastRouting) blocks() int {
 func fastRoutes(srv *dnsserver.Server, blocks map[*dnsserver.Config]*WireCache) (fastRouting, netip.AddrPort, error) {
 	local, err := serverAddrPort(srv.Addr)
 	if err != nil {
-		return nil, local, err
+		return fastRouting{}, local, err
 	}
 	zones, err := serverZones(srv)
 	if err != nil {
-		return nil, local, err
+		return fastRouting{}, local, err
 	}
 	if reasons := serverOptionReasons(srv, zones); len(reasons) > 0 {
-		return nil, local, errors.New(strings.Join(reasons, "; "))
+		return fastRouting{}, local, errors.New(strings.Join(reasons, "; "))
 	}
-	routes := fastRouting{}
+	byZone := map[string]*fastBlock{}
 	for zone, cfgs := range zones {
 		// Without filters (serverOptionReasons) the server picks the zone's first block.
 		if wc, ok := blocks[cfgs[0]]; ok {
-			routes[zone] = &fastBlock{wc: wc, metrics: wc.metrics.of(srv, wc.metricsZones)}
+			byZone[zone] = &fastBlock{wc: wc, metrics: wc.metrics.of(srv, wc.metricsZones)}
 		} else {
-			routes[zone] = nil
+			byZone[zone] = nil
 		}
 	}
+	routes := newFastRouting(byZone)
 	if routes.blocks() == 0 {
-		return nil, local, errors.New("none of its server blocks qualifies")
+		return fastRouting{}, local, errors.New("none of its server blocks qualifies")
 	}
 	return routes, local, nil
 }

@@ -15,7 +15,7 @@ func BenchmarkFastPathHit(b *testing.B) {
 	wc := New()
 	wc.Next = benchChain(b)
 	_, query, _ := warmHit(b, wc)
-	routes := fastRouting{".": &fastBlock{wc: wc, metrics: wc.metrics.of(&dnsserver.Server{Addr: "dns://:53"}, nil)}}
+	routes := newFastRouting(map[string]*fastBlock{".": {wc: wc, metrics: wc.metrics.of(&dnsserver.Server{Addr: "dns://:53"}, nil)}})
 	fp := &fastPath{routes: routes}
 	r := newFastReader(fp)
 	q, err := query.Pack()

@@ -14,9 +14,9 @@ import (
 
 // recvBuffer is the receive buffer the fast path asks for: the largest RecvBuffer of the blocks it answers
 // for, 0 when none asks for one.
-func (r fastRouting) recvBuffer() int64 {
+func (r *fastRouting) recvBuffer() int64 {
 	var size int64
-	for _, b := range r {
+	for _, b := range r.byZone {
 		if b != nil {
 			size = max(size, b.wc.RecvBuffer)
 		}

@@ -2,7 +2,10 @@ package wirecache
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -241,13 +244,63 @@ func TestServerZonesReadsCoreDNS(t *testing.T) {
 
 func TestFastRoutingRoutesLikeTheServer(t *testing.T) {
 	sub, org, root := &fastBlock{}, &fastBlock{}, &fastBlock{}
-	r := fastRouting{"sub.example.org.": sub, "example.org.": org, ".": root, "other.example.org.": nil}
+	r := newFastRouting(map[string]*fastBlock{"sub.example.org.": sub, "example.org.": org, ".": root, "other.example.org.": nil})
 	for name, want := range map[string]*fastBlock{
 		"a.sub.example.org.": sub, "sub.example.org.": sub, "b.example.org.": org, "example.org.": org,
 		"x.other.example.org.": nil, "example.net.": root, ".": root, "org.": root,
 	} {
 		if got := r.route(name); got != want {
 			t.Errorf("%s routed to %p, want %p", name, got, want)
+		}
+	}
+}
+
+// TestFastRoutingMatchesEverySuffixWalk holds route, which looks up only the suffixes as long as a zone, to
+// the walk the server makes (every suffix, longest first), over zone sets of mixed lengths and names with
+// escaped dots.
+func TestFastRoutingMatchesEverySuffixWalk(t *testing.T) {
+	walk := func(byZone map[string]*fastBlock, name string) *fastBlock {
+		for off := 0; ; {
+			if b, ok := byZone[name[off:]]; ok {
+				return b
+			}
+			next, end := dns.NextLabel(name, off)
+			if end {
+				return byZone["."]
+			}
+			off = next
+		}
+	}
+	labels := []string{"a", "b", "example", "org", `x\.y`, `\.`, "svc", "cluster", "local"}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	randomName := func() string {
+		name := ""
+		for range rnd.IntN(7) {
+			name += labels[rnd.IntN(len(labels))] + "."
+		}
+		if name == "" {
+			return "."
+		}
+		return name
+	}
+	for set := range 200 {
+		byZone := map[string]*fastBlock{}
+		for range 1 + rnd.IntN(5) {
+			if rnd.IntN(3) == 0 {
+				byZone[randomName()] = nil // a block the fast path does not answer for
+			} else {
+				byZone[randomName()] = &fastBlock{}
+			}
+		}
+		if set%2 == 0 {
+			byZone["."] = &fastBlock{}
+		}
+		r := newFastRouting(byZone)
+		for range 200 {
+			name := randomName()
+			if got, want := r.route(name), walk(byZone, name); got != want {
+				t.Fatalf("zones %v: %s routed to %p, the server's walk to %p", slices.Collect(maps.Keys(byZone)), name, got, want)
+			}
 		}
 	}
 }

@@ -2,13 +2,13 @@ package wirecache
 
 import (
 	"context"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/plugin"
+
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/series"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -106,11 +106,9 @@ func (m *serverMetrics) held(s *store) {
 	m.bytes.Set(float64(s.size()))
 }
 
-// serverMetricsSet finds a server's metrics without a label lookup: a server block has one or a few servers
-// (listen addresses), so a hit scans a short copy-on-write list.
+// serverMetricsSet finds a server's metrics without a label lookup.
 type serverMetricsSet struct {
-	list atomic.Pointer[[]*serverMetrics]
-	mu   sync.Mutex // serializes additions to list
+	byServer series.PerServer[*serverMetrics]
 }
 
 // forServer returns the metrics of the server handling ctx's query; metricsZones are the block's prometheus
@@ -126,42 +124,24 @@ func (s *serverMetricsSet) of(srv *dnsserver.Server, metricsZones []string) *ser
 	if srv != nil {
 		addr = srv.Addr
 	}
-	if list := s.list.Load(); list != nil {
-		for _, m := range *list {
-			if m.addr == addr {
-				return m
+	return s.byServer.Get(addr, func() *serverMetrics {
+		m := &serverMetrics{
+			addr:        addr,
+			hits:        hitsTotal.WithLabelValues(addr),
+			misses:      missesTotal.WithLabelValues(addr),
+			servedStale: servedStaleTotal.WithLabelValues(addr),
+			entries:     entriesGauge.WithLabelValues(addr),
+			bytes:       bytesGauge.WithLabelValues(addr),
+		}
+		if metricsZones != nil {
+			m.core = newCoreSeries(addr, metricsZones)
+		}
+		if srv != nil {
+			if reasons := serverStepAsideReasons(srv); len(reasons) > 0 {
+				m.udpAside = true
+				log.Warningf("server %s: %s; wirecache steps aside for its UDP queries", addr, strings.Join(reasons, "; "))
 			}
 		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var list []*serverMetrics
-	if p := s.list.Load(); p != nil {
-		list = *p
-		for _, m := range list {
-			if m.addr == addr {
-				return m
-			}
-		}
-	}
-	m := &serverMetrics{
-		addr:        addr,
-		hits:        hitsTotal.WithLabelValues(addr),
-		misses:      missesTotal.WithLabelValues(addr),
-		servedStale: servedStaleTotal.WithLabelValues(addr),
-		entries:     entriesGauge.WithLabelValues(addr),
-		bytes:       bytesGauge.WithLabelValues(addr),
-	}
-	if metricsZones != nil {
-		m.core = newCoreSeries(addr, metricsZones)
-	}
-	if srv != nil {
-		if reasons := serverStepAsideReasons(srv); len(reasons) > 0 {
-			m.udpAside = true
-			log.Warningf("server %s: %s; wirecache steps aside for its UDP queries", addr, strings.Join(reasons, "; "))
-		}
-	}
-	list = append(slices.Clip(list), m)
-	s.list.Store(&list)
-	return m
+		return m
+	})
 }
