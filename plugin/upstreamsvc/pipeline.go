@@ -19,6 +19,7 @@ import (
 	"github.com/coredns/coredns/plugin/pkg/proxy"
 	"github.com/coredns/coredns/request"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
 	"github.com/nodelocaldns/nodelocaldns/plugin/internal/series"
 
 	"github.com/miekg/dns"
@@ -88,6 +89,10 @@ type pipeline struct {
 	// stallTimers keeps the timers of pipeConn.wait, stopped, between queries: a timer is three objects,
 	// a tenth of what a miss allocated in upstreamsvc.
 	stallTimers sync.Pool
+	// queries keeps the pipeQuery of each answered query, with its channel, for the next (reuse); packs
+	// keeps the buffers queries are packed into.
+	queries sync.Pool
+	packs   packbuf.Pool
 
 	mu         sync.Mutex
 	conns      []*pipeConn // the last one takes new queries while usable
@@ -183,6 +188,23 @@ type pipeQuery struct {
 	done chan *dns.Msg // the answer, or closed when the connection closed
 }
 
+// newQuery returns a pipeQuery with an empty channel, one an answered query left if there is one.
+func (p *pipeline) newQuery() *pipeQuery {
+	if q, _ := p.queries.Get().(*pipeQuery); q != nil {
+		return q
+	}
+	return &pipeQuery{done: make(chan *dns.Msg, 1)}
+}
+
+// reuse keeps q, whose answer was received from q.done, for a later query. Only then is q sure to be
+// nobody else's: deliver took it from the pending queries before it sent the answer, which was the one
+// send or close its channel gets. A query given up, or whose connection closed, is left to the collector:
+// an answer may still be sent to it, or its channel is closed.
+func (p *pipeline) reuse(q *pipeQuery) {
+	q.seq = 0
+	p.queries.Put(q)
+}
+
 // exchange sends r and returns the answer, with r's ID. w is the client's writer, which forward's proxy
 // reads the transport from when the query stalls and is sent once more. The copy sent here, and the one
 // sent once more, are spent from budget; with none left, nothing is sent (errPipeUnavailable).
@@ -194,14 +216,19 @@ func (p *pipeline) exchange(ctx context.Context, w dns.ResponseWriter, r *dns.Ms
 	if err != nil {
 		return nil, err
 	}
-	packed, err := r.Pack()
+	// enqueue copies the packed query into the connection's write buffer: the buffer is free once it returns.
+	buf := p.packs.Get()
+	packed, err := buf.Pack(r)
 	if err != nil {
+		p.packs.Put(buf)
 		return nil, err
 	}
 	start := time.Now()
-	q := &pipeQuery{done: make(chan *dns.Msg, 1)}
+	q := p.newQuery()
 	id, err := c.enqueue(ctx, q, packed)
+	p.packs.Put(buf)
 	if err != nil {
+		p.reuse(q) // never pending: nothing can send to it
 		return nil, err
 	}
 	budget.spend()
@@ -480,6 +507,7 @@ func (c *pipeConn) wait(ctx context.Context, q *pipeQuery, id uint16, start time
 		case m, ok := <-done:
 			if ok {
 				c.p.observe(m, time.Since(start))
+				c.p.reuse(q)
 				return m, nil
 			}
 			lost, done, tick, retry = errPipeClosed, nil, nil, held

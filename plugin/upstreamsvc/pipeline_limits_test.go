@@ -64,6 +64,47 @@ func TestPipelineLateAnswerAfterWrap(t *testing.T) {
 	}
 }
 
+// TestPipelineKeepsOnlyAnsweredQueries: a query's pipeQuery, with its channel, is kept for a later query
+// once its answer was received, and only then. The answer to a query given up on may still be delivered to
+// its channel (when the connection's reader took the query from the pending ones just before), and a query
+// whose connection closed has its channel closed: reused, either would hand a later query the wrong answer,
+// or none.
+func TestPipelineKeepsOnlyAnsweredQueries(t *testing.T) {
+	s := newFrameServer(t)
+	p := openPipeline(t, s)
+	c, _, err := p.conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	givenUp := &pipeQuery{done: make(chan *dns.Msg, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	waitGiven := sendQueryOn(t, c, aQuery("given-up.example.", 1), givenUp)
+	late := s.next(t)
+	if r := waitGiven(ctx); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the query given up on: %v, %v; want %v", r.m, r.err, context.Canceled)
+	}
+	reply(t, late)
+
+	closed := &pipeQuery{done: make(chan *dns.Msg, 1)}
+	waitClosed := sendQueryOn(t, c, aQuery("closed.example.", 2), closed)
+	s.next(t).conn.Close()
+	if r := waitClosed(context.Background()); !errors.Is(r.err, errPipeClosed) {
+		t.Fatalf("the query on the connection closed: %v, %v; want %v", r.m, r.err, errPipeClosed)
+	}
+
+	for range 64 {
+		switch got, _ := p.queries.Get().(*pipeQuery); got {
+		case nil:
+			return
+		case givenUp:
+			t.Fatal("the query given up on was kept for reuse, with the late answer in its channel")
+		case closed:
+			t.Fatal("the query whose connection closed was kept for reuse, with its channel closed")
+		}
+	}
+}
+
 // TestPipelineLateIDsBounded gives up on maxLateIDs queries whose answers never come: the connection
 // keeps their IDs taken until then, and takes no new queries once it holds that many.
 func TestPipelineLateIDsBounded(t *testing.T) {

@@ -190,11 +190,16 @@ func sendOn(t *testing.T, c *pipeConn, name string) func() exchangeResult {
 // sendMsgOn queues r on c and returns what waiting for its answer, until ctx ends, takes.
 func sendMsgOn(t *testing.T, c *pipeConn, r *dns.Msg) func(ctx context.Context) exchangeResult {
 	t.Helper()
+	return sendQueryOn(t, c, r, &pipeQuery{done: make(chan *dns.Msg, 1)})
+}
+
+// sendQueryOn is sendMsgOn with the pipeQuery q.
+func sendQueryOn(t *testing.T, c *pipeConn, r *dns.Msg, q *pipeQuery) func(ctx context.Context) exchangeResult {
+	t.Helper()
 	packed, err := r.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := &pipeQuery{done: make(chan *dns.Msg, 1)}
 	start := time.Now()
 	id, err := c.enqueue(context.Background(), q, packed)
 	if err != nil {

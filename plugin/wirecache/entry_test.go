@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/coredns/coredns/request"
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
 
 	"github.com/miekg/dns"
 )
@@ -25,7 +26,7 @@ func mustEntry(t *testing.T, req, reply *dns.Msg, minTTL, maxTTL time.Duration) 
 	if !ok {
 		t.Fatalf("query %v is not eligible", req.Question)
 	}
-	e, err := newEntry(reply, &q, string(key[:n]), t0, minTTL, maxTTL)
+	e, err := newEntry(reply, &q, string(key[:n]), t0, minTTL, maxTTL, new(packbuf.Buffer))
 	if err != nil {
 		t.Fatalf("newEntry: %v", err)
 	}
@@ -385,7 +386,7 @@ func TestNewEntryRefuses(t *testing.T) {
 			tc.modify(m)
 			var key [keyLen]byte
 			q, n, _ := parseQuery(req, &key)
-			_, err := newEntry(m, &q, string(key[:n]), t0, tc.min, time.Hour)
+			_, err := newEntry(m, &q, string(key[:n]), t0, tc.min, time.Hour, new(packbuf.Buffer))
 			if !errors.Is(err, tc.want) {
 				t.Errorf("error %v, want %v", err, tc.want)
 			}

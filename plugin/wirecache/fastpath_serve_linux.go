@@ -217,12 +217,7 @@ func (w *chainWriter) WriteMsg(m *dns.Msg) error {
 	if w.closed {
 		return errWriteAfterClose
 	}
-	data, err := m.Pack()
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(data)
-	return err
+	return w.fp.sendMsg(m, w.to)
 }
 
 // Write implements dns.ResponseWriter.

@@ -9,6 +9,9 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
+
+	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,6 +44,34 @@ func (fp *fastPath) useSocket(conn *net.UDPConn) error {
 // wakes the runtime's monitor thread whenever the process was idle, and every reply of CoreDNS's server
 // (each miss) would. It waits, as WriteTo does, while the socket's send buffer is full.
 func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
+	s := fp.takeSend()
+	n, err := fp.sendWith(s, b, to)
+	fp.sends.Put(s)
+	return n, err
+}
+
+// sendMsg packs m and writes it to to as sendTo writes bytes. It packs into a buffer kept with sendTo's state
+// between calls: the send copies the reply into the kernel, so the buffer is free again once it returns.
+func (fp *fastPath) sendMsg(m *dns.Msg, to net.Addr) error {
+	s := fp.takeSend()
+	b, err := s.pack.Pack(m)
+	if err == nil {
+		_, err = fp.sendWith(s, b, to)
+	}
+	fp.sends.Put(s)
+	return err
+}
+
+// takeSend returns a rawSend of fp.sends, or a new one.
+func (fp *fastPath) takeSend() *rawSend {
+	if s, _ := fp.sends.Get().(*rawSend); s != nil {
+		return s
+	}
+	return newRawSend()
+}
+
+// sendWith is sendTo with the state s.
+func (fp *fastPath) sendWith(s *rawSend, b []byte, to net.Addr) (int, error) {
 	opError := func(err error) error {
 		return &net.OpError{Op: "write", Net: "udp", Source: fp.conn.LocalAddr(), Addr: to, Err: err}
 	}
@@ -48,18 +79,13 @@ func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
 	if !ok || ua == nil {
 		return 0, opError(syscall.EINVAL)
 	}
-	s, _ := fp.sends.Get().(*rawSend)
-	if s == nil {
-		s = newRawSend()
-	}
 	salen, err := rawSockaddr(fp.family, ua, &s.sa)
 	if err == nil {
 		s.b, s.salen = b, salen
 		err = fp.raw.Write(s.call)
 	}
 	n, errno := s.n, s.errno
-	*s = rawSend{call: s.call} // a new one's state: no reply held, no address left over for the next
-	fp.sends.Put(s)
+	*s = rawSend{call: s.call, pack: s.pack} // a new one's state: no reply held, no address left over for the next
 	if err == nil && errno != 0 {
 		err = os.NewSyscallError("sendto", errno)
 	}
@@ -73,6 +99,8 @@ func (fp *fastPath) sendTo(b []byte, to net.Addr) (int, error) {
 // calls, so that a reply allocates nothing: a closure over the call's variables took them to the heap with
 // it, three objects for each reply (6 % of the objects a miss allocated).
 type rawSend struct {
+	// pack is where sendMsg packs a reply; it stays with the rawSend.
+	pack  packbuf.Buffer
 	b     []byte
 	sa    unix.RawSockaddrInet6
 	salen uint32

@@ -15,6 +15,7 @@ import (
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/request"
 
+	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
 	"github.com/nodelocaldns/nodelocaldns/plugin/internal/zones"
 
 	"github.com/miekg/dns"
@@ -107,6 +108,7 @@ type WireCache struct {
 	doorkeeper *doorkeeper // with RepeatsOnly
 	metrics    serverMetricsSet
 	buffers    sync.Pool
+	packs      packbuf.Pool // for newEntry
 	now        func() time.Time
 }
 
@@ -494,7 +496,10 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 		// Only a single reply is replayed; a second one makes the first suspect.
 		r.forget()
 	} else if m != nil && r.keep {
-		if e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL); err == nil {
+		buf := r.wc.packs.Get()
+		e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL, buf)
+		r.wc.packs.Put(buf)
+		if err == nil {
 			e.ttlFloor = r.wc.ttlFloor(m)
 			if r.wc.metricsZones != nil {
 				// #nosec G115 -- an index of the block's zones, and a message's length
