@@ -72,10 +72,7 @@ func TestPipelineLateAnswerAfterWrap(t *testing.T) {
 func TestPipelineKeepsOnlyAnsweredQueries(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipeline(t, s)
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	givenUp := &pipeQuery{done: make(chan *dns.Msg, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -111,10 +108,7 @@ func TestPipelineLateIDsBounded(t *testing.T) {
 	s := newFrameServer(t)
 	drainFrames(t, s)
 	p := openPipeline(t, s)
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	packed, err := aQuery("late.example.", 0).Pack()
 	if err != nil {
 		t.Fatal(err)
@@ -200,10 +194,7 @@ func TestPipelineWriteBufferBounded(t *testing.T) {
 		return gate, err
 	}
 	openPipelineTo(t, p)
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	enqueue := func(ctx context.Context, m *dns.Msg) error {
 		packed, err := m.Pack()
 		if err != nil {
@@ -268,10 +259,7 @@ func resenderTo(t *testing.T, addr string) *lazyProxy {
 func TestStalledResendsBounded(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipelineTo(t, newPipeline(s.addr(), time.Hour, resenderTo(t, s.addr()), "test"))
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	const behind = maxStallResends + 8
 	stallsBefore, resendsBefore := counterSum(stalls), counterSum(stallResends)
 	// All queued before any waits, so that all are on the connection behind the slow one.

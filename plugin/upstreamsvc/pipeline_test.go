@@ -178,6 +178,16 @@ func openPipelineTo(t *testing.T, p *pipeline) *pipeline {
 	return p
 }
 
+// takingConn returns p's connection that takes new queries, opening one if there is none.
+func takingConn(t *testing.T, p *pipeline) *pipeConn {
+	t.Helper()
+	c, _, err := p.conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // sendOn queues a query for name on c and returns what waiting for its answer takes. Tests that need
 // several queries on one connection queue them all before any waits: a query alone on a connection for
 // stallAfter retires it.
@@ -216,10 +226,7 @@ func sendQueryOn(t *testing.T, c *pipeConn, r *dns.Msg, q *pipeQuery) func(ctx c
 func TestPipelineMatchesAnswersByID(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipeline(t, s)
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	waits := map[string]func() exchangeResult{
 		"first.example.":  sendOn(t, c, "first.example."),
 		"second.example.": sendOn(t, c, "second.example."),
@@ -312,10 +319,7 @@ func TestPipelineCountsInTheProxySeries(t *testing.T) {
 func TestPipelineWritesQueuedQueriesAtOnce(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipeline(t, s)
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	c.mu.Lock()
 	c.writing = true // as while a writer is at it
 	c.mu.Unlock()
@@ -346,10 +350,7 @@ func TestPipelineWritesQueuedQueriesAtOnce(t *testing.T) {
 func TestPipelineLeavesAHeldUpConnection(t *testing.T) {
 	s := newFrameServer(t)
 	p := openPipeline(t, s)
-	c, _, err := p.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := takingConn(t, p)
 	// Both queued before either waits, so that both are on the held-up connection.
 	waitHeld := sendOn(t, c, "slow.example.")
 	waitBehind := sendOn(t, c, "fast.example.")
