@@ -108,7 +108,7 @@ type WireCache struct {
 	doorkeeper *doorkeeper // with RepeatsOnly
 	metrics    serverMetricsSet
 	buffers    sync.Pool
-	packs      packbuf.Pool // for newEntry
+	packs      packbuf.Pool // the buffers newEntry packs the answers stored into
 	now        func() time.Time
 }
 
