@@ -11,7 +11,6 @@ import (
 
 	"github.com/coredns/coredns/plugin/pkg/response"
 	"github.com/nodelocaldns/nodelocaldns/plugin/internal/answer"
-	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
 
 	"github.com/miekg/dns"
 )
@@ -139,9 +138,9 @@ var (
 )
 
 // newEntry packs m, the answer the plugin chain wrote for q, as CoreDNS's server would before fitting it to a
-// client, and bounds its lifetime by the smallest TTL it carries, moved into [minTTL, maxTTL]. It packs into
-// buf, and copies what it keeps into the entry.
-func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL time.Duration, buf *packbuf.Buffer) (*entry, error) {
+// client, and bounds its lifetime by the smallest TTL it carries, moved into [minTTL, maxTTL]. It packs m
+// into buf when it fits (dns.Msg.PackBuffer), and copies what it keeps into the entry.
+func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL time.Duration, buf []byte) (*entry, error) {
 	if !m.Response || m.Opcode != dns.OpcodeQuery || len(m.Question) != 1 {
 		return nil, errNotResponse
 	}
@@ -183,7 +182,7 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 	bare := *m
 	bare.Extra = extra
 	bare.Compress = false
-	plain, err := buf.Pack(&bare)
+	plain, err := bare.PackBuffer(buf)
 	if err != nil {
 		return nil, fmt.Errorf("packing the answer: %w", err)
 	}

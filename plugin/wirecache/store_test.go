@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
-
 	"github.com/miekg/dns"
 )
 
@@ -216,7 +214,7 @@ func TestFootprint(t *testing.T) {
 			req := newQuery(name, qtype, 4096, false)
 			var key [keyLen]byte
 			q, n, _ := parseQuery(req, &key)
-			e, err := newEntry(z.reply(req), &q, string(key[:n]), t0, 0, time.Hour, new(packbuf.Buffer))
+			e, err := newEntry(z.reply(req), &q, string(key[:n]), t0, 0, time.Hour, nil)
 			if err != nil {
 				continue
 			}
@@ -235,7 +233,7 @@ func TestFootprint(t *testing.T) {
 	}
 	var key [keyLen]byte
 	q, n, _ := parseQuery(req, &key)
-	e, err := newEntry(m, &q, string(key[:n])+string(make([]byte, keyLen-n)), t0, 0, time.Hour, new(packbuf.Buffer))
+	e, err := newEntry(m, &q, string(key[:n])+string(make([]byte, keyLen-n)), t0, 0, time.Hour, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

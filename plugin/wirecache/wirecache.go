@@ -15,7 +15,6 @@ import (
 	"github.com/coredns/coredns/plugin"
 	"github.com/coredns/coredns/request"
 
-	"github.com/nodelocaldns/nodelocaldns/plugin/internal/packbuf"
 	"github.com/nodelocaldns/nodelocaldns/plugin/internal/zones"
 
 	"github.com/miekg/dns"
@@ -108,7 +107,6 @@ type WireCache struct {
 	doorkeeper *doorkeeper // with RepeatsOnly
 	metrics    serverMetricsSet
 	buffers    sync.Pool
-	packs      packbuf.Pool // the buffers newEntry packs the answers stored into
 	now        func() time.Time
 }
 
@@ -496,9 +494,10 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 		// Only a single reply is replayed; a second one makes the first suspect.
 		r.forget()
 	} else if m != nil && r.keep {
-		buf := r.wc.packs.Get()
-		e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL, buf)
-		r.wc.packs.Put(buf)
+		// A buffer hits are rendered in holds any answer the cache stores, packed.
+		bp := r.wc.buffers.Get().(*[]byte)
+		e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL, (*bp)[:cap(*bp)])
+		r.wc.buffers.Put(bp)
 		if err == nil {
 			e.ttlFloor = r.wc.ttlFloor(m)
 			if r.wc.metricsZones != nil {

@@ -1,9 +1,8 @@
 // Package packbuf packs DNS messages into buffers kept between uses, for the packs whose bytes are copied
-// at once and never kept: a pipelined query (copied into its connection's write buffer), a reply written to
-// a client (copied into the kernel by the send), an answer stored (copied into its entry). Through
-// dns.Msg.Pack each of those allocated a buffer of the message's size, three for every miss, and a buffer on
-// the caller's stack escapes to the heap anyway: miekg/dns hands it to each record's pack method through an
-// interface.
+// at once and never kept: a pipelined query (copied into its connection's write buffer) and a reply the
+// fast path writes to a client (copied into the kernel by the send). Through dns.Msg.Pack each allocated a
+// buffer of the message's size for every miss, and a buffer on the caller's stack escapes to the heap anyway:
+// miekg/dns hands it to each record's pack method through an interface.
 package packbuf
 
 import (
