@@ -11,6 +11,15 @@
 #   ATTACKS=decoy bench/hostile.sh # the flood aimed at a port nothing listens on in the attacker's own
 #                                  # namespace: what the attacker's own work takes from the well-behaved Pod
 #                                  # on the shared machine, with nothing for the cache to do
+#   CACHE=unbound ATTACKS=flood bench/hostile.sh
+#                                  # the control: unbound (Debian's) where the cache serves, on the same
+#                                  # link, addresses and NOTRACK rules, configured as bench/cpu.sh configures
+#                                  # it; the flood and the decoy only (its TCP defaults, 10 connections per
+#                                  # thread, would make the connection attacks a test of its settings)
+#   OVER_TCP=1 ATTACKS=decoy bench/hostile.sh
+#                                  # every lookup of the well-behaved Pod over TCP (0: none; default 10,
+#                                  # every tenth): what each transport costs the cache, in the undisturbed
+#                                  # windows
 #
 # Each Pod is a process of its own in a Pod network namespace of its own (the test binary run again, in the
 # namespaces simnode.Node adds), as on a node: the attacker's goroutines, garbage collector, sockets and
@@ -35,14 +44,16 @@
 # On a machine shared with other work, run it at a higher priority than that work (its processes inherit
 # it, so the cache, the workers and the attacker stay equal): nice -n -15 bench/hostile.sh
 #
-# Needs root, go, ip, iptables, nft, conntrack, sysctl. Every address exists only in namespaces the
+# Needs root, go, ip, iptables, nft, conntrack, sysctl (and unbound for CACHE=unbound). Every address exists only in namespaces the
 # benchmark creates and removes; it kills only the processes it started.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 ATTACKS=${ATTACKS:-idle,loris,held,flood}
+CACHE=${CACHE:-node-cache}
+OVER_TCP=${OVER_TCP:-10}
 FLOOD=${FLOOD:-}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "hostile bench: ROUNDS must be a positive integer" >&2; exit 1; }
 cd "$(dirname "$0")/.."
-HOSTILE_ROUNDS=$ROUNDS HOSTILE_ATTACKS=$ATTACKS HOSTILE_FLOOD=$FLOOD NODELOCALDNS_REQUIRE_PRIVILEGED=1 \
+HOSTILE_ROUNDS=$ROUNDS HOSTILE_ATTACKS=$ATTACKS HOSTILE_FLOOD=$FLOOD HOSTILE_CACHE=$CACHE HOSTILE_OVER_TCP=$OVER_TCP NODELOCALDNS_REQUIRE_PRIVILEGED=1 \
     go test -count=1 -run '^$' -bench '^BenchmarkHotLookupsUnderAttack$' -benchtime 1x -v ./test/hostile/

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coredns/coredns/core/dnsserver"
@@ -47,8 +48,7 @@ var tcpListenerOptions = []struct {
 
 // startTCPFront opens the front's listener in the group of local and starts serving it.
 func startTCPFront(srv *dnsserver.Server, local netip.AddrPort, limits *connLimits, turns *hitTurns) (*tcpFront, error) {
-	// Opened by CoreDNS's server, as it opens its own, so it joins that listener's group.
-	l, err := srv.Listen()
+	l, err := listenTCP(srv, local)
 	if err != nil {
 		return nil, fmt.Errorf("join the TCP reuseport group of %s: %w", local, err)
 	}
@@ -76,6 +76,35 @@ func startTCPFront(srv *dnsserver.Server, local netip.AddrPort, limits *connLimi
 		return nil, fmt.Errorf("start the TCP server: %w", err)
 	}
 	return f, nil
+}
+
+// goKeepAliveIdle is how long a connection a Go listener accepts may stay idle before its first TCP
+// keep-alive probe: Go turns keep-alive on for every connection it accepts, unless the listener asks for none.
+const goKeepAliveIdle = 15 * time.Second
+
+// listenTCP opens the front's listener in the TCP reuseport group of local: as CoreDNS's server opens its own
+// (Server.Listen: SO_REUSEPORT, the same network and address), so that it joins that listener's group. When
+// srv's timeouts close every connection that waits on its client before a first keep-alive probe could go
+// out (CoreDNS's defaults: 3 s for the first query, 10 s between queries), the connections it accepts get
+// no keep-alive, which would only cost four system calls each, made through Go's scheduler (on an idle
+// cache the first of them wakes Go's monitor thread): a client that vanishes is the read timeout's.
+func listenTCP(srv *dnsserver.Server, local netip.AddrPort) (net.Listener, error) {
+	if max(srv.ReadTimeout, srv.IdleTimeout) >= goKeepAliveIdle {
+		return srv.Listen()
+	}
+	lc := net.ListenConfig{KeepAlive: -1, Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) {
+			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); cerr != nil {
+			return cerr
+		}
+		if err != nil {
+			return fmt.Errorf("setting SO_REUSEPORT: %w", err)
+		}
+		return nil
+	}}
+	return lc.Listen(context.Background(), "tcp", local.String())
 }
 
 // control runs fn with the listener's descriptor.

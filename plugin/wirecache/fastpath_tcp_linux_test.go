@@ -23,6 +23,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 const tcpFrontCorefile = `.:%d {
@@ -308,5 +309,60 @@ func sameServerSettings(t *testing.T, ours, theirs *dns.Server, conn string) {
 		if !same {
 			t.Errorf("dns.Server.%s: %v for the fast path's, %v for CoreDNS's", f.Name, a, b)
 		}
+	}
+}
+
+// TestTCPFrontKeepAliveOnlyWhereAProbeCouldGoOut: with CoreDNS's default timeouts the front's connections get
+// no TCP keep-alive (every wait on the client ends before a first probe); with an idle timeout as long as
+// Go's keep-alive idle time they get it, as CoreDNS's own listener gives it.
+func TestTCPFrontKeepAliveOnlyWhereAProbeCouldGoOut(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		idle time.Duration // 0: CoreDNS's default
+		want int
+	}{
+		{"CoreDNS's timeouts", 0, 0},
+		{"idle as long as keep-alive's", goKeepAliveIdle, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := &dnsserver.Config{Zone: ".", ListenHosts: []string{"127.0.0.1"}, Port: "0", Transport: "dns", IdleTimeout: tc.idle}
+			srv, err := dnsserver.NewServer("dns://127.0.0.1:0", []*dnsserver.Config{cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := listenTCP(srv, netip.MustParseAddrPort("127.0.0.1:0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			accepted, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer accepted.Close()
+			raw, err := accepted.(syscall.Conn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var keepAlive, reusePort int
+			var kerr, rerr error
+			if err := raw.Control(func(fd uintptr) {
+				keepAlive, kerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+				reusePort, rerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT)
+			}); err != nil || kerr != nil || rerr != nil {
+				t.Fatal(err, kerr, rerr)
+			}
+			if keepAlive != tc.want {
+				t.Errorf("SO_KEEPALIVE %d on an accepted connection, want %d (idle timeout %v)", keepAlive, tc.want, srv.IdleTimeout)
+			}
+			if reusePort != 1 {
+				t.Errorf("SO_REUSEPORT %d on an accepted connection: the listener did not join a reuseport group", reusePort)
+			}
+		})
 	}
 }

@@ -456,7 +456,7 @@ func (r *rig) startPod(every time.Duration) *pod {
 					return nil
 				case <-time.After(every):
 				}
-				problem, took, retried := lookupHot(i)
+				problem, took, retried := lookupHot(i, tcpEvery)
 				if retried {
 					p.res.retried++
 				}
@@ -469,7 +469,7 @@ func (r *rig) startPod(every time.Duration) *pod {
 					p.res.answered++
 					p.res.latencies = append(p.res.latencies, took)
 					if took > p.res.slowest {
-						name, qtype, _, server, tr := hotLookup(i)
+						name, qtype, _, server, tr := hotLookup(i, tcpEvery)
 						p.res.slowest = took
 						p.res.slowestWas = fmt.Sprintf("%s %s to %s over %s, answered %v into the run", name, dns.TypeToString[qtype], server, tr.name, time.Since(start).Round(time.Millisecond))
 					}
@@ -491,20 +491,24 @@ const (
 	glibcAttempts = 2
 )
 
-// hotLookup is what the well-behaved Pod's lookup number i asks, of which server, over which transport.
-func hotLookup(i int) (name string, qtype uint16, want, server string, tr transport) {
+// tcpEvery is how often a well-behaved Pod's lookups go over TCP: every tenth.
+const tcpEvery = 10
+
+// hotLookup is what the well-behaved Pod's lookup number i asks, of which server, over which transport:
+// TCP for every overTCP-th lookup (none when overTCP is 0), UDP for the others.
+func hotLookup(i, overTCP int) (name string, qtype uint16, want, server string, tr transport) {
 	h := hotLookups[i%len(hotLookups)]
 	tr = udp
-	if i%10 == 9 {
+	if overTCP > 0 && i%overTCP == overTCP-1 {
 		tr = tcp
 	}
 	return h.name, h.qtype, h.want, pairs[i/len(hotLookups)%len(pairs)].cache, tr
 }
 
-// lookupHot is the well-behaved Pod's lookup number i, as glibc makes it: "" and how long it took, or what
-// went wrong; retried says whether its first query went unanswered.
-func lookupHot(i int) (problem string, took time.Duration, retried bool) {
-	name, qtype, want, server, tr := hotLookup(i)
+// lookupHot is the well-behaved Pod's lookup number i (hotLookup), as glibc makes it: "" and how long it
+// took, or what went wrong; retried says whether its first query went unanswered.
+func lookupHot(i, overTCP int) (problem string, took time.Duration, retried bool) {
+	name, qtype, want, server, tr := hotLookup(i, overTCP)
 	id := uint16(i)
 	start := time.Now()
 	var reply []byte

@@ -21,7 +21,7 @@ var pairs = []pair{
 // TestHostileClients runs the hostile-client suite on one simulated node: each subtest is one kind of abuse,
 // and the node cache must come through all of them.
 func TestHostileClients(t *testing.T) {
-	r := newRig(t)
+	r := newRig(t, serveNodeCache)
 	t.Run("odd queries answered as CoreDNS answers them", r.testOddQueries)
 	r.alive(t)
 	t.Run("one ID from many ports", r.testSameID)

@@ -10,10 +10,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,13 +88,22 @@ func bigRecords() string {
 	return b.String()
 }
 
+// The servers a rig can put where the node cache serves: node-cache in the shipped configuration, or, for the
+// benchmark's control (HOSTILE_CACHE), unbound, the bar to beat.
+const (
+	serveNodeCache = "node-cache"
+	serveUnbound   = "unbound"
+)
+
 // rig is a simulated node with the cache under test (the shipped configuration), the reference beside it,
-// the cluster DNS behind brokenUpstream, and the node's resolver.
+// the cluster DNS behind brokenUpstream, and the node's resolver. A rig that serves unbound has no reference.
 type rig struct {
-	t        testing.TB
-	n        *simnode.Node
-	dir      string
-	cache    *simnode.Process
+	t     testing.TB
+	n     *simnode.Node
+	dir   string
+	cache *simnode.Process
+	// unbound says that cache is unbound (startUnbound), which has no metrics endpoint.
+	unbound  bool
 	ref      *simnode.Process
 	backend  *simnode.Process // the cluster DNS's CoreDNS, behind upstream
 	upstream *brokenUpstream
@@ -102,11 +113,15 @@ type rig struct {
 	hostileNS string
 }
 
-func newRig(tb testing.TB) *rig {
+// newRig starts a simulated node whose cache is server (serveNodeCache or serveUnbound).
+func newRig(tb testing.TB, server string) *rig {
 	tb.Helper()
+	if server != serveNodeCache && server != serveUnbound {
+		tb.Fatalf("no server %q to put under attack (%s, %s)", server, serveNodeCache, serveUnbound)
+	}
 	bin := nodeCache(tb)
 	n := simnode.New(tb)
-	r := &rig{t: tb, n: n, dir: tb.TempDir()}
+	r := &rig{t: tb, n: n, dir: tb.TempDir(), unbound: server == serveUnbound}
 	r.hostileNS = n.AddPod("hostile", hostilePodIP, hostilePodNodeIP)
 	// The well-behaved Pod's lookups over TCP each open a connection, which leaves a TIME_WAIT entry on the
 	// Pod's side for a minute: back to back, about 1,300 a second to two addresses, which took the ports
@@ -141,6 +156,10 @@ func newRig(tb testing.TB) *rig {
 	cfg := base
 	cfg.MetricsAddress = cacheMetrics
 	cfg.Notrack = corefile.Notrack{Backend: "nft", Lock: filepath.Join(r.dir, "nodelocaldns.lock")}
+	if r.unbound {
+		r.startUnbound(cfg)
+		return r
+	}
 	r.cache = r.start("Corefile", cfg)
 	r.waitOutput(r.cache, "rules in place for", 30*time.Second)
 
@@ -158,6 +177,46 @@ func newRig(tb testing.TB) *rig {
 		}
 	}
 	return r
+}
+
+// startUnbound puts unbound where the node cache serves, as the benchmark's control. node-cache, started on
+// cfg with skip_teardown, puts the link, the two addresses and the NOTRACK rules in place as it does for
+// itself and leaves them at exit; unbound then serves both addresses with the configuration bench/cpu.sh
+// gives it (simnode_unbound_conf in bench/simnode.sh, whose addresses are test/simnode's): one thread, the
+// cluster domain and the reverse zones forwarded to kube-dns-upstream over TCP, every other name to the
+// node's resolver, TTLs clamped to 5-30 s and 5 s negative as the Corefile clamps them, everything else
+// unbound's defaults.
+func (r *rig) startUnbound(cfg corefile.Config) {
+	r.t.Helper()
+	unbound, err := exec.LookPath("unbound")
+	if err != nil {
+		r.t.Fatalf("the unbound control needs unbound (Debian's package unbound): %v", err)
+	}
+	cfg.Notrack.SkipTeardown = true
+	setup := r.start("Corefile.setup", cfg)
+	r.waitOutput(setup, "rules in place for", 30*time.Second)
+	if err := setup.Signal(syscall.SIGTERM); err != nil {
+		r.t.Fatalf("stopping the node cache that set up the node for unbound: %v", err)
+	}
+	if err := setup.Wait(30 * time.Second); err != nil && !setup.Exited() {
+		r.t.Fatalf("the node cache that set up the node for unbound: %v\n%s", err, setup.Output())
+	}
+	// The configuration bench/cpu.sh runs unbound with, written by the script that lays out the same node.
+	script, err := filepath.Abs("../../bench/simnode.sh")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	write := exec.Command("bash", "-c", `die() { echo "$*" >&2; exit 1; }; source "$1" && work=$2 && simnode_unbound_conf`, "bash", script, r.dir)
+	if out, err := write.CombinedOutput(); err != nil {
+		r.t.Fatalf("writing unbound's configuration with %s: %v\n%s", script, err, out)
+	}
+	conf := filepath.Join(r.dir, "unbound.conf")
+	r.cache = r.n.Start(r.n.NodeNS, unbound, "-d", "-c", conf)
+	for _, addr := range []string{linkLocal, kubeDNS} {
+		if err := r.n.WaitForDNS(r.n.PodNS, "udp", addr, "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
+			r.t.Fatalf("unbound on %s: %v\n%s", addr, err, r.cache.Output())
+		}
+	}
 }
 
 func (r *rig) write(path, content string) {
@@ -208,7 +267,7 @@ func (r *rig) waitOutput(p *simnode.Process, s string, timeout time.Duration) {
 func (r *rig) alive(tb testing.TB) {
 	tb.Helper()
 	for _, p := range []*simnode.Process{r.cache, r.ref} {
-		if p.Exited() {
+		if p != nil && p.Exited() {
 			tb.Fatalf("a node cache exited: %v\n%s", p.Wait(0), p.Output())
 		}
 	}

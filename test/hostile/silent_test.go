@@ -47,7 +47,7 @@ func (r *rig) testSilent(t *testing.T) {
 	}
 	err = r.n.Do(r.n.PodNS, func() error {
 		for i := range 2 * len(pairs) * len(hotLookups) {
-			if problem, _, _ := lookupHot(9 + 10*i); problem != "" { // lookups 9, 19... go over TCP
+			if problem, _, _ := lookupHot(tcpEvery-1+tcpEvery*i, tcpEvery); problem != "" { // the lookups that go over TCP
 				t.Errorf("a lookup over TCP beside the silent connections: %s", problem)
 			}
 		}

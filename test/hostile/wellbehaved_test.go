@@ -27,11 +27,13 @@ const lookupsEnv = "NODELOCALDNS_HOSTILE_LOOKUPS"
 const lookupsReady = "lookups: ready"
 
 // lookupsSpec is what the benchmark asks of its well-behaved Pod's process: workers asking the hot names for
-// Window, each starting a lookup every Every (0: back to back), and where to write what they got.
+// Window, each starting a lookup every Every (0: back to back), every OverTCP-th lookup over TCP (0: none),
+// and where to write what they got.
 type lookupsSpec struct {
 	Workers int
 	Window  time.Duration
 	Every   time.Duration
+	OverTCP int
 	Out     string // the file the process writes its lookupsReport to
 }
 
@@ -92,7 +94,7 @@ func (r *rig) podLookupsIn(tb testing.TB, spec lookupsSpec, attacker *simnode.Pr
 // spec asks for, writes its report, and returns its exit code.
 func runLookups(specJSON string) int {
 	var spec lookupsSpec
-	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil || spec.Workers < 1 || spec.Window <= 0 || spec.Out == "" {
+	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil || spec.Workers < 1 || spec.Window <= 0 || spec.OverTCP < 0 || spec.Out == "" {
 		fmt.Fprintf(os.Stderr, "lookups: %s=%q: want a lookupsSpec with workers, a window and a file (%v)\n", lookupsEnv, specJSON, err)
 		return 2
 	}
@@ -102,7 +104,7 @@ func runLookups(specJSON string) int {
 	<-start
 	cpu0, err := processCPUSelf()
 	if err == nil {
-		l := lookupLoop(spec.Workers, spec.Window, spec.Every)
+		l := lookupLoop(spec.Workers, spec.Window, spec.Every, spec.OverTCP)
 		var cpu1 time.Duration
 		if cpu1, err = processCPUSelf(); err == nil {
 			err = writeReport(spec.Out, l, cpu1-cpu0)
@@ -136,9 +138,10 @@ func processCPUSelf() (time.Duration, error) {
 }
 
 // lookupLoop runs workers well-behaved Pods for d, each starting a lookup every `every` (or as soon as its
-// last one is answered, when that is later, or when every is 0), and returns their lookups together. It runs
+// last one is answered, when that is later, or when every is 0), every overTCP-th over TCP (hotLookup), and
+// returns their lookups together. It runs
 // in the Pod's namespace: in the well-behaved Pod's process.
-func lookupLoop(workers int, d, every time.Duration) podLookups {
+func lookupLoop(workers int, d, every time.Duration, overTCP int) podLookups {
 	var mu sync.Mutex
 	var all podLookups
 	var wg sync.WaitGroup
@@ -150,7 +153,7 @@ func lookupLoop(workers int, d, every time.Duration) podLookups {
 				if every > 0 {
 					time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
 				}
-				problem, took, retried := lookupHot(w*1000 + i)
+				problem, took, retried := lookupHot(w*1000+i, overTCP)
 				if retried {
 					mine.retried++
 				}
@@ -163,7 +166,7 @@ func lookupLoop(workers int, d, every time.Duration) podLookups {
 				}
 				mine.answered++
 				mine.latencies = append(mine.latencies, took)
-				if _, _, _, _, tr := hotLookup(w*1000 + i); tr.tcp {
+				if _, _, _, _, tr := hotLookup(w*1000+i, overTCP); tr.tcp {
 					mine.overTCP = append(mine.overTCP, took)
 				}
 			}
