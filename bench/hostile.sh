@@ -44,8 +44,8 @@
 # On a machine shared with other work, run it at a higher priority than that work (its processes inherit
 # it, so the cache, the workers and the attacker stay equal): nice -n -15 bench/hostile.sh
 #
-# Needs root, go, ip, iptables, nft, conntrack, sysctl (and unbound for CACHE=unbound). Every address exists only in namespaces the
-# benchmark creates and removes; it kills only the processes it started.
+# Needs root, go, ip, iptables, nft, conntrack, sysctl (and unbound for CACHE=unbound). Every address exists
+# only in namespaces the benchmark creates and removes; it kills only the processes it started.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}

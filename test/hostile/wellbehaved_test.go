@@ -139,8 +139,7 @@ func processCPUSelf() (time.Duration, error) {
 
 // lookupLoop runs workers well-behaved Pods for d, each starting a lookup every `every` (or as soon as its
 // last one is answered, when that is later, or when every is 0), every overTCP-th over TCP (hotLookup), and
-// returns their lookups together. It runs
-// in the Pod's namespace: in the well-behaved Pod's process.
+// returns their lookups together. It runs in the Pod's namespace: in the well-behaved Pod's process.
 func lookupLoop(workers int, d, every time.Duration, overTCP int) podLookups {
 	var mu sync.Mutex
 	var all podLookups
