@@ -198,24 +198,21 @@ func (r *rig) openFDs(tb testing.TB) int {
 func (r *rig) restAgain(tb testing.TB, at restFigures) {
 	tb.Helper()
 	const keptIdle = 2 * 16
-	deadline := time.Now().Add(closeBound)
-	for {
-		fds := r.openFDs(tb)
-		var now process
+	var fds int
+	var now process
+	back := pollUntil(time.Now().Add(closeBound), 100*time.Millisecond, func() bool {
+		fds = r.openFDs(tb)
 		if !r.unbound {
 			var err error
 			if now, err = r.scrape(cacheMetrics); err != nil {
 				tb.Fatal(err)
 			}
 		}
-		if fds <= at.fds+8 && (r.unbound || now.goroutines <= at.goroutines+16+keptIdle) {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the cache is not back at rest %v after an attack: %d file descriptors open, %.0f goroutines; at rest %d, %.0f",
-				closeBound, fds, now.goroutines, at.fds, at.goroutines)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return fds <= at.fds+8 && (r.unbound || now.goroutines <= at.goroutines+16+keptIdle)
+	})
+	if !back {
+		tb.Fatalf("the cache is not back at rest %v after an attack: %d file descriptors open, %.0f goroutines; at rest %d, %.0f",
+			closeBound, fds, now.goroutines, at.fds, at.goroutines)
 	}
 }
 

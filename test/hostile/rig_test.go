@@ -307,16 +307,26 @@ func (r *rig) scrape(addr string) (process, error) {
 // returns the last figures and whether ok accepted them; a scrape that fails ends the test.
 func (r *rig) scrapeUntil(tb testing.TB, deadline time.Time, every time.Duration, ok func(process) bool) (process, bool) {
 	tb.Helper()
-	for {
-		p, err := r.scrape(cacheMetrics)
-		if err != nil {
+	var p process
+	accepted := pollUntil(deadline, every, func() bool {
+		var err error
+		if p, err = r.scrape(cacheMetrics); err != nil {
 			tb.Fatal(err)
 		}
-		if ok(p) {
-			return p, true
+		return ok(p)
+	})
+	return p, accepted
+}
+
+// pollUntil calls ok every `every` until it returns true or deadline passes (it is called once more then),
+// and returns what ok returned last.
+func pollUntil(deadline time.Time, every time.Duration, ok func() bool) bool {
+	for {
+		if ok() {
+			return true
 		}
 		if time.Now().After(deadline) {
-			return p, false
+			return false
 		}
 		time.Sleep(every)
 	}
