@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
+	"github.com/nodelocaldns/nodelocaldns/internal/stats"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
@@ -58,14 +59,14 @@ func BenchmarkSyncNFTables(b *testing.B) {
 				took[i] = time.Since(start)
 			}
 			cpu[n] = append(cpu[n], (cpuTime(b)-cpuStart)/syncs)
-			wall[n] = append(wall[n], median(took))
+			wall[n] = append(wall[n], stats.Median(took))
 		}
 	}
 	b.Logf("per sync, rounds 1-3: CPU %v with 0 elements in kube-proxy's maps, %v with 50000; median wall %v and %v",
 		cpu[0], cpu[50000], wall[0], wall[50000])
-	b.Logf("ratio 50000/0: CPU %.2f, median wall %.2f", ratio(median(cpu[50000]), median(cpu[0])), ratio(median(wall[50000]), median(wall[0])))
-	b.ReportMetric(float64(median(cpu[50000]).Nanoseconds()), "cpu-ns/sync@50k")
-	b.ReportMetric(float64(median(cpu[0]).Nanoseconds()), "cpu-ns/sync@0")
+	b.Logf("ratio 50000/0: CPU %.2f, median wall %.2f", ratio(stats.Median(cpu[50000]), stats.Median(cpu[0])), ratio(stats.Median(wall[50000]), stats.Median(wall[0])))
+	b.ReportMetric(float64(stats.Median(cpu[50000]).Nanoseconds()), "cpu-ns/sync@50k")
+	b.ReportMetric(float64(stats.Median(cpu[0]).Nanoseconds()), "cpu-ns/sync@0")
 }
 
 func ratio(a, b time.Duration) float64 {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netnstest"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
+	"github.com/nodelocaldns/nodelocaldns/internal/stats"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal/internal/rules"
 )
 
@@ -84,7 +84,7 @@ func BenchmarkSync(b *testing.B) {
 							// median resists bursts of other work on a shared machine better than
 							// ns/op does.
 							pendingCPU = (cpuTime(b) - cpuStart) / time.Duration(b.N)
-							pendingWall = median(took)
+							pendingWall = stats.Median(took)
 							b.ReportMetric(float64(pendingCPU.Nanoseconds()), "cpu-ns/sync")
 							b.ReportMetric(float64(pendingWall.Nanoseconds()), "median-ns/sync")
 						})
@@ -94,8 +94,8 @@ func BenchmarkSync(b *testing.B) {
 					if s := r.Status(); !s.RulesPresent || s.LastError != nil {
 						b.Fatalf("status after the benchmark: %+v", s)
 					}
-					c0, c10k, c50k := median(cpu[0]), median(cpu[10000]), median(cpu[50000])
-					w0, w10k, w50k := median(wall[0]), median(wall[10000]), median(wall[50000])
+					c0, c10k, c50k := stats.Median(cpu[0]), stats.Median(cpu[10000]), stats.Median(cpu[50000])
+					w0, w10k, w50k := stats.Median(wall[0]), stats.Median(wall[10000]), stats.Median(wall[50000])
 					if c0 > 0 && w0 > 0 {
 						b.Logf("backend=%s table=%s (median of %d runs): CPU per sync %v / %v / %v with 0 / 10k / 50k foreign rules: ratio 50k/0 = %.2f (10k/0 = %.2f); wall time per sync %v / %v / %v: ratio 50k/0 = %.2f",
 							mode, table, len(cpu[0]), c0, c10k, c50k, float64(c50k)/float64(c0), float64(c10k)/float64(c0),
@@ -137,13 +137,4 @@ func cpuTime(b *testing.B) time.Duration {
 		total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return total
-}
-
-func median(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	d = slices.Clone(d)
-	slices.Sort(d)
-	return d[len(d)/2]
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/stats"
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
@@ -147,7 +148,7 @@ func BenchmarkHotLookupsUnderAttack(b *testing.B) {
 			byOrder := ratios[name]
 			if len(byOrder[1]) > 0 {
 				b.Logf("%s under attack / undisturbed: median %.3f in the rounds that measure undisturbed first, %.3f in those that measure the attack first",
-					name, median(byOrder[0]), median(byOrder[1]))
+					name, stats.Median(byOrder[0]), stats.Median(byOrder[1]))
 			}
 			b.ReportMetric(acrossOrders(*byOrder), name+"-under-attack/undisturbed")
 		}
@@ -324,12 +325,7 @@ func p99(l podLookups) time.Duration {
 // them, the first, in an odd number of rounds.
 func acrossOrders(byOrder [2][]float64) float64 {
 	if len(byOrder[1]) == 0 {
-		return median(byOrder[0])
+		return stats.Median(byOrder[0])
 	}
-	return math.Sqrt(median(byOrder[0]) * median(byOrder[1]))
-}
-
-func median(v []float64) float64 {
-	s := slices.Sorted(slices.Values(v))
-	return s[len(s)/2]
+	return math.Sqrt(stats.Median(byOrder[0]) * stats.Median(byOrder[1]))
 }
