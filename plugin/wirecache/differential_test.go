@@ -208,6 +208,8 @@ func TestDifferential(t *testing.T) {
 		{"mail.example.org.", dns.TypeMX}, {"txt.example.org.", dns.TypeTXT}, {"_sip._udp.example.org.", dns.TypeSRV},
 		{"nope.example.org.", dns.TypeA}, {"www.example.org.", dns.TypeMX}, {"medium.example.org.", dns.TypeTXT},
 		{"large.example.org.", dns.TypeTXT}, {"huge.example.org.", dns.TypeTXT},
+		// Outside the upstream's zone: REFUSED, which the block with wirecache holds (refused).
+		{"outside.example.net.", dns.TypeA},
 	}
 	type flags struct{ do, cd, ad bool }
 	flagSets := []flags{{}, {do: true}, {cd: true}, {do: true, cd: true}, {ad: true}}

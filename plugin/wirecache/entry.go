@@ -118,6 +118,10 @@ func (e *entry) age(now time.Time) time.Duration { return now.Sub(clockBase) - e
 // expired reports whether e's lifetime has run out at now.
 func (e *entry) expired(now time.Time) bool { return e.age(now) >= e.lifetime }
 
+// answers reports whether e answers with data or its denial (NOERROR or NXDOMAIN), not a refusal: only those
+// are served stale.
+func (e *entry) answers() bool { return e.rcode == dns.RcodeSuccess || e.rcode == dns.RcodeNameError }
+
 // staleBeyond reports whether e expired more than d before now.
 func (e *entry) staleBeyond(now time.Time, d time.Duration) bool { return e.age(now) >= e.lifetime+d }
 
@@ -125,7 +129,7 @@ func (e *entry) staleBeyond(now time.Time, d time.Duration) bool { return e.age(
 var (
 	errNotResponse   = errors.New("not a response to the query")
 	errTruncated     = errors.New("truncated")
-	errRcode         = errors.New("rcode is neither NOERROR nor NXDOMAIN")
+	errRcode         = errors.New("rcode is neither NOERROR nor NXDOMAIN, nor a REFUSED to hold")
 	errResponseType  = errors.New("response type is not cacheable")
 	errNoSOA         = errors.New("negative answer without SOA")
 	errNotAnswer     = errors.New("NOERROR answer that neither answers the question nor carries an SOA")
@@ -137,10 +141,16 @@ var (
 	errMalformedWire = errors.New("malformed wire format")
 )
 
+// lifetimes bound how long an answer is held: a NOERROR or NXDOMAIN answer by the smallest TTL it carries,
+// moved into [min, max]; a REFUSED one, which carries none, for refused (never when zero).
+type lifetimes struct {
+	min, max, refused time.Duration
+}
+
 // newEntry packs m, the answer the plugin chain wrote for q, as CoreDNS's server would before fitting it to a
-// client, and bounds its lifetime by the smallest TTL it carries, moved into [minTTL, maxTTL]. It packs m
-// into buf when it fits (dns.Msg.PackBuffer), and copies what it keeps into the entry.
-func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL time.Duration, buf []byte) (*entry, error) {
+// client, and bounds its lifetime by lt. It packs m into buf when it fits (dns.Msg.PackBuffer), and copies
+// what it keeps into the entry.
+func newEntry(m *dns.Msg, q *query, key string, now time.Time, lt lifetimes, buf []byte) (*entry, error) {
 	if !m.Response || m.Opcode != dns.OpcodeQuery || len(m.Question) != 1 {
 		return nil, errNotResponse
 	}
@@ -151,7 +161,8 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 	if m.Truncated {
 		return nil, errTruncated
 	}
-	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError {
+	refused := m.Rcode == dns.RcodeRefused && lt.refused > 0
+	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError && !refused {
 		return nil, errRcode
 	}
 
@@ -159,7 +170,7 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{stored: now.Sub(clockBase), rcode: uint8(m.Rcode)} // #nosec G115 -- NOERROR or NXDOMAIN
+	e := &entry{stored: now.Sub(clockBase), rcode: uint8(m.Rcode)} // #nosec G115 -- NOERROR, NXDOMAIN or REFUSED
 	if opt != nil {
 		// The server keeps an OPT the chain wrote, sets the client's payload size, clears the extended
 		// RCODE and version, keeps the flags and adds DO when the client set it. Options would be kept
@@ -174,7 +185,9 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, minTTL, maxTTL ti
 		}
 	}
 
-	if e.lifetime, err = lifetimeOf(m, extra, minTTL, maxTTL); err != nil {
+	if refused {
+		e.lifetime = lt.refused
+	} else if e.lifetime, err = lifetimeOf(m, extra, lt.min, lt.max); err != nil {
 		return nil, err
 	}
 

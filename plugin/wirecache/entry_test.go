@@ -25,7 +25,7 @@ func mustEntry(t *testing.T, req, reply *dns.Msg, minTTL, maxTTL time.Duration) 
 	if !ok {
 		t.Fatalf("query %v is not eligible", req.Question)
 	}
-	e, err := newEntry(reply, &q, string(key[:n]), t0, minTTL, maxTTL, nil)
+	e, err := newEntry(reply, &q, string(key[:n]), t0, lifetimes{min: minTTL, max: maxTTL}, nil)
 	if err != nil {
 		t.Fatalf("newEntry: %v", err)
 	}
@@ -385,7 +385,7 @@ func TestNewEntryRefuses(t *testing.T) {
 			tc.modify(m)
 			var key [keyLen]byte
 			q, n, _ := parseQuery(req, &key)
-			_, err := newEntry(m, &q, string(key[:n]), t0, tc.min, time.Hour, nil)
+			_, err := newEntry(m, &q, string(key[:n]), t0, lifetimes{min: tc.min, max: time.Hour}, nil)
 			if !errors.Is(err, tc.want) {
 				t.Errorf("error %v, want %v", err, tc.want)
 			}

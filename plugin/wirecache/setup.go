@@ -200,6 +200,15 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.Errf("ttl MIN (%s) is larger than MAX (%s)", args[0], args[1])
 				}
 				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
+			case "refused":
+				if len(args) != 1 {
+					return nil, c.ArgErr()
+				}
+				d, err := time.ParseDuration(args[0])
+				if err != nil || d != 0 && (d < time.Second || d > MaxRefusedFor) {
+					return nil, c.Errf("refused: %q is not 0s (hold none) or a duration from 1s to %s", args[0], MaxRefusedFor)
+				}
+				wc.RefusedFor = d
 			case "serve_stale":
 				wc.PreferPositive = false
 				if n := len(args); n > 0 && args[n-1] == "prefer_positive" {

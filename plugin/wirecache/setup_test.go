@@ -27,8 +27,9 @@ func TestSetup(t *testing.T) {
 		allZones bool
 		repeats  bool
 		noFast   bool
-		rcvbuf   int64  // -1: none (0)
-		tcp      [2]int // tcp_connections; zero: the defaults
+		rcvbuf   int64         // -1: none (0)
+		tcp      [2]int        // tcp_connections; zero: the defaults
+		refused  time.Duration // -1: none (0); zero: the default
 	}{
 		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
 		{input: "wirecache", keys: []string{"cluster.local:53"}, zones: []string{"cluster.local."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
@@ -82,6 +83,14 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache {\n tcp_connections many\n}", wantErr: "want a number of connections, at least 1"},
 		{input: "wirecache {\n tcp_connections 100 0\n}", wantErr: "per client from 1 to 100"},
 		{input: "wirecache {\n tcp_connections 100 101\n}", wantErr: "per client from 1 to 100"},
+		{input: "wirecache {\n refused 30s\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, refused: 30 * time.Second},
+		{input: "wirecache {\n refused 0s\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, refused: -1},
+		{input: "wirecache {\n refused 5m\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, refused: 5 * time.Minute},
+		{input: "wirecache {\n refused 6m\n}", wantErr: "not 0s (hold none) or a duration from 1s to 5m0s"},
+		{input: "wirecache {\n refused 500ms\n}", wantErr: "not 0s (hold none) or a duration from 1s to 5m0s"},
+		{input: "wirecache {\n refused -5s\n}", wantErr: "not 0s (hold none) or a duration from 1s to 5m0s"},
+		{input: "wirecache {\n refused 5\n}", wantErr: "not 0s (hold none) or a duration from 1s to 5m0s"},
+		{input: "wirecache {\n refused\n}", wantErr: "Wrong argument count"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.input, func(t *testing.T) {
@@ -111,6 +120,15 @@ func TestSetup(t *testing.T) {
 			}
 			if wc.RecvBuffer != tc.rcvbuf {
 				t.Errorf("rcvbuf %d, want %d", wc.RecvBuffer, tc.rcvbuf)
+			}
+			switch tc.refused {
+			case 0:
+				tc.refused = DefaultRefusedFor
+			case -1:
+				tc.refused = 0
+			}
+			if wc.RefusedFor != tc.refused {
+				t.Errorf("refused %v, want %v", wc.RefusedFor, tc.refused)
 			}
 			if tc.tcp == [2]int{} {
 				tc.tcp = [2]int{DefaultTCPConnections, DefaultTCPConnectionsPerClient}

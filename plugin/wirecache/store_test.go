@@ -214,7 +214,7 @@ func TestFootprint(t *testing.T) {
 			req := newQuery(name, qtype, 4096, false)
 			var key [keyLen]byte
 			q, n, _ := parseQuery(req, &key)
-			e, err := newEntry(z.reply(req), &q, string(key[:n]), t0, 0, time.Hour, nil)
+			e, err := newEntry(z.reply(req), &q, string(key[:n]), t0, lifetimes{max: time.Hour}, nil)
 			if err != nil {
 				continue
 			}
@@ -233,7 +233,7 @@ func TestFootprint(t *testing.T) {
 	}
 	var key [keyLen]byte
 	q, n, _ := parseQuery(req, &key)
-	e, err := newEntry(m, &q, string(key[:n])+string(make([]byte, keyLen-n)), t0, 0, time.Hour, nil)
+	e, err := newEntry(m, &q, string(key[:n])+string(make([]byte, keyLen-n)), t0, lifetimes{max: time.Hour}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,13 @@ const (
 	DefaultStaleFor = time.Hour
 	DefaultStaleTTL = 30
 
+	// DefaultRefusedFor is how long an answer REFUSED is held: as long as the cache plugin holds a SERVFAIL
+	// by default, and clamp's least TTL for a denial.
+	DefaultRefusedFor = 5 * time.Second
+	// MaxRefusedFor bounds RefusedFor: RFC 2308's bound on holding a failure, which the cache plugin
+	// applies to SERVFAIL.
+	MaxRefusedFor = 5 * time.Minute
+
 	// DefaultRecvBuffer is the receive buffer the fast path asks for its UDP socket: about a thousand
 	// queries, half a second of a busy node's, where the kernel's default (net.core.rmem_default, 208 KiB
 	// on most nodes) holds about 200.
@@ -61,6 +68,10 @@ type WireCache struct {
 	MaxMemory int64
 	MinTTL    time.Duration
 	MaxTTL    time.Duration
+	// RefusedFor is how long an answer whose rcode is REFUSED is held (it has no TTL of its own); zero
+	// holds none. Only a REFUSED the plugin chain wrote is held: not one the server writes for a plugin's
+	// error (forward's max_concurrent), which wirecache never sees.
+	RefusedFor time.Duration
 
 	// StaleFor, when positive, keeps an entry that expired up to this long, to answer its query when the
 	// plugin chain fails (RFC 8767, serve-stale); StaleTTL is the TTL of such an answer. StaleWait, when
@@ -112,7 +123,7 @@ type WireCache struct {
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
 func New() *WireCache {
-	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer,
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, RefusedFor: DefaultRefusedFor, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer,
 		TCPConnections: DefaultTCPConnections, TCPConnectionsPerClient: DefaultTCPConnectionsPerClient}
 	wc.buffers.New = func() any {
 		b := make([]byte, 0, maxEntryWire+optLen)
@@ -167,7 +178,7 @@ func (wc *WireCache) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	var stale *entry
 	if e != nil {
 		if e.expired(now) {
-			if wc.StaleFor > 0 && !e.staleBeyond(now, wc.StaleFor) {
+			if wc.StaleFor > 0 && e.answers() && !e.staleBeyond(now, wc.StaleFor) {
 				// Kept until the chain answers: if it fails, this entry answers instead.
 				stale = e
 			} else {
@@ -496,7 +507,7 @@ func (r *recorder) WriteMsg(m *dns.Msg) error {
 	} else if m != nil && r.keep {
 		// A buffer hits are rendered in holds any answer the cache stores, packed.
 		bp := r.wc.buffers.Get().(*[]byte)
-		e, err := newEntry(m, &r.query, r.key, r.now, r.wc.MinTTL, r.wc.MaxTTL, (*bp)[:cap(*bp)])
+		e, err := newEntry(m, &r.query, r.key, r.now, r.wc.lifetimes(), (*bp)[:cap(*bp)])
 		r.wc.buffers.Put(bp)
 		if err == nil {
 			e.ttlFloor = r.wc.ttlFloor(m)
@@ -521,6 +532,11 @@ func (r *recorder) Write(b []byte) (int, error) {
 	r.writes++
 	r.forget()
 	return r.ResponseWriter.Write(b)
+}
+
+// lifetimes returns the bounds newEntry puts on how long an answer is held.
+func (wc *WireCache) lifetimes() lifetimes {
+	return lifetimes{min: wc.MinTTL, max: wc.MaxTTL, refused: wc.RefusedFor}
 }
 
 // ttlFloorer is a plugin behind wirecache that keeps the TTLs of the answers it passes at or above a
