@@ -46,6 +46,7 @@ type brokenUpstream struct {
 	open   func() (net.Conn, error)
 	kept   chan net.Conn // connections to the cluster DNS's CoreDNS, idle, for the next query
 	broken sync.Map      // kind -> *atomic.Int64, the replies broken so
+	asked  sync.Map      // question name, in lower case -> *atomic.Int64, the queries relayed for it
 }
 
 // keptConns is how many idle connections to the cluster DNS's CoreDNS brokenUpstream keeps; more in use at
@@ -89,6 +90,15 @@ func startBrokenUpstream(tb testing.TB, n *simnode.Node) *brokenUpstream {
 		}
 	})
 	return u
+}
+
+// askedFor returns how many queries for name (in any case) the relay passed on or answered.
+func (u *brokenUpstream) askedFor(name string) int64 {
+	v, ok := u.asked.Load(strings.ToLower(name))
+	if !ok {
+		return 0
+	}
+	return v.(*atomic.Int64).Load()
 }
 
 // count returns how many replies were broken as kind.
@@ -166,6 +176,14 @@ func (u *brokenUpstream) serveConn(c net.Conn) {
 func (u *brokenUpstream) reply(query []byte, tcp bool) (reply []byte, cut bool) {
 	q := new(dns.Msg)
 	parsed := q.Unpack(query) == nil
+	if parsed && len(q.Question) > 0 {
+		name := strings.ToLower(q.Question[0].Name)
+		n, ok := u.asked.Load(name)
+		if !ok {
+			n, _ = u.asked.LoadOrStore(name, new(atomic.Int64))
+		}
+		n.(*atomic.Int64).Add(1)
+	}
 	if parsed && q.Opcode == dns.OpcodeNotify {
 		m := new(dns.Msg)
 		m.SetRcode(q, dns.RcodeNotImplemented)
