@@ -33,7 +33,8 @@
 # the machine in all), and the rate and the p99 under attack as fractions of the undisturbed figures over the
 # rounds (rate-...-under-attack/undisturbed, p99-...-under-attack/undisturbed: the geometric mean of the
 # medians of the rounds of each order, since the window that comes second is the faster; both medians are
-# logged).
+# logged, and a 90 % bootstrap interval of the figure over the rounds: rounds differ by more than most
+# changes to the cache move it).
 # The cache's listeners defer accepting connections that send nothing (NODECACHE_TCP_DEFER_ACCEPT, which the
 # cache takes from this environment; =0 measures without). The Pods, the cluster DNS and the cache share the
 # machine: back to back, each worker waits for its answer before it asks again, so the rate is bound by the

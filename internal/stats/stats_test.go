@@ -34,3 +34,30 @@ func TestMedian(t *testing.T) {
 		t.Errorf("Median of two durations = %v, want %v", got, want)
 	}
 }
+
+func TestInterval(t *testing.T) {
+	median := func(g [][]float64) float64 { return Median(g[0]) }
+	// One group whose values are all equal: no spread to resample.
+	if lo, hi := Interval([][]float64{{0.9, 0.9, 0.9}}, median, 0.9, 200); lo != 0.9 || hi != 0.9 {
+		t.Errorf("interval of a constant sample [%v, %v], want [0.9, 0.9]", lo, hi)
+	}
+	// A spread sample: the interval holds its median, within the sample's range, and narrows as the
+	// sample grows with the same spread.
+	small := []float64{0.80, 0.85, 0.90, 0.95, 1.00}
+	var large []float64
+	for range 10 {
+		large = append(large, small...)
+	}
+	lo, hi := Interval([][]float64{small}, median, 0.9, 2000)
+	if lo > 0.9 || hi < 0.9 || lo < 0.8 || hi > 1.0 || lo == hi {
+		t.Errorf("interval of %v: [%v, %v]", small, lo, hi)
+	}
+	llo, lhi := Interval([][]float64{large}, median, 0.9, 2000)
+	if lhi-llo >= hi-lo {
+		t.Errorf("interval of 50 samples [%v, %v] not narrower than of 5 [%v, %v]", llo, lhi, lo, hi)
+	}
+	// The same samples give the same interval.
+	if lo2, hi2 := Interval([][]float64{small}, median, 0.9, 2000); lo2 != lo || hi2 != hi {
+		t.Errorf("a second interval of the same samples [%v, %v], first [%v, %v]", lo2, hi2, lo, hi)
+	}
+}
