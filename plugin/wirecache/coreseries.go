@@ -60,7 +60,7 @@ type zoneSeries struct {
 	requests     [2][2][numTypeSlots]series.Slot[prometheus.Counter]
 	requestSize  [2]series.Slot[prometheus.Observer]
 	responseSize [2]series.Slot[prometheus.Observer]
-	responses    [dns.RcodeRefused + 1]series.Slot[prometheus.Counter] // hits are NOERROR, NXDOMAIN or REFUSED
+	responses    [dns.RcodeRefused + 1]series.Slot[prometheus.Counter] // hits are NOERROR, SERVFAIL, NXDOMAIN or REFUSED
 }
 
 // numTypeSlots covers every type the prometheus plugin labels by name (their codes are below 256; ANY is

@@ -179,7 +179,9 @@ func startDifferentialPair(t *testing.T, zoneText string) (withAddr, withoutAddr
 		t.Fatal(err)
 	}
 	upstream, with, without := freePort(t), freePort(t), freePort(t)
-	startCoreDNS(t, fmt.Sprintf("example.org:%d {\n bind 127.0.0.1\n file %s\n}\n", upstream, zoneFile))
+	// servfail.test answers SERVFAIL to everything; every other name is REFUSED (no zone).
+	startCoreDNS(t, fmt.Sprintf("example.org:%d {\n bind 127.0.0.1\n file %s\n}\nservfail.test:%d {\n bind 127.0.0.1\n template ANY ANY {\n rcode SERVFAIL\n }\n}\n",
+		upstream, zoneFile, upstream))
 	block := func(port int, extra string) string {
 		return fmt.Sprintf(".:%d {\n bind 127.0.0.1\n %s\n errors\n cache\n forward . 127.0.0.1:%d\n}\n", port, extra, upstream)
 	}
@@ -208,8 +210,9 @@ func TestDifferential(t *testing.T) {
 		{"mail.example.org.", dns.TypeMX}, {"txt.example.org.", dns.TypeTXT}, {"_sip._udp.example.org.", dns.TypeSRV},
 		{"nope.example.org.", dns.TypeA}, {"www.example.org.", dns.TypeMX}, {"medium.example.org.", dns.TypeTXT},
 		{"large.example.org.", dns.TypeTXT}, {"huge.example.org.", dns.TypeTXT},
-		// Outside the upstream's zone: REFUSED, which the block with wirecache holds (refused).
-		{"outside.example.net.", dns.TypeA},
+		// Outside the upstream's zones: REFUSED, which the block with wirecache holds (refused); and a SERVFAIL,
+		// which it holds too (servfail) where the block without it has the cache plugin hold it.
+		{"outside.example.net.", dns.TypeA}, {"x.servfail.test.", dns.TypeA},
 	}
 	type flags struct{ do, cd, ad bool }
 	flagSets := []flags{{}, {do: true}, {cd: true}, {do: true, cd: true}, {ad: true}}
@@ -361,7 +364,9 @@ func TestServerHitsKeepClampWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	upstream, node := freePort(t), freePort(t)
-	startCoreDNS(t, fmt.Sprintf("example.org:%d {\n bind 127.0.0.1\n file %s\n}\n", upstream, zoneFile))
+	// servfail.test answers SERVFAIL to everything; every other name is REFUSED (no zone).
+	startCoreDNS(t, fmt.Sprintf("example.org:%d {\n bind 127.0.0.1\n file %s\n}\nservfail.test:%d {\n bind 127.0.0.1\n template ANY ANY {\n rcode SERVFAIL\n }\n}\n",
+		upstream, zoneFile, upstream))
 	startCoreDNS(t, fmt.Sprintf(`.:%d {
  bind 127.0.0.1
  wirecache

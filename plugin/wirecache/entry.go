@@ -118,8 +118,8 @@ func (e *entry) age(now time.Time) time.Duration { return now.Sub(clockBase) - e
 // expired reports whether e's lifetime has run out at now.
 func (e *entry) expired(now time.Time) bool { return e.age(now) >= e.lifetime }
 
-// answers reports whether e answers with data or its denial (NOERROR or NXDOMAIN), not a refusal: only those
-// are served stale.
+// answers reports whether e answers with data or its denial (NOERROR or NXDOMAIN), not a failure held
+// (SERVFAIL, REFUSED): only those are served stale.
 func (e *entry) answers() bool { return e.rcode == dns.RcodeSuccess || e.rcode == dns.RcodeNameError }
 
 // staleBeyond reports whether e expired more than d before now.
@@ -129,7 +129,7 @@ func (e *entry) staleBeyond(now time.Time, d time.Duration) bool { return e.age(
 var (
 	errNotResponse   = errors.New("not a response to the query")
 	errTruncated     = errors.New("truncated")
-	errRcode         = errors.New("rcode is neither NOERROR nor NXDOMAIN, nor a REFUSED to hold")
+	errRcode         = errors.New("rcode is neither NOERROR nor NXDOMAIN, nor a failure to hold")
 	errResponseType  = errors.New("response type is not cacheable")
 	errNoSOA         = errors.New("negative answer without SOA")
 	errNotAnswer     = errors.New("NOERROR answer that neither answers the question nor carries an SOA")
@@ -142,9 +142,21 @@ var (
 )
 
 // lifetimes bound how long an answer is held: a NOERROR or NXDOMAIN answer by the smallest TTL it carries,
-// moved into [min, max]; a REFUSED one, which carries none, for refused (never when zero).
+// moved into [min, max]; a REFUSED or SERVFAIL one, which carries none, for refused or servfail (never when
+// zero).
 type lifetimes struct {
-	min, max, refused time.Duration
+	min, max, refused, servfail time.Duration
+}
+
+// failure returns how long an answer with rcode, a failure, is held: 0 for one never held.
+func (lt lifetimes) failure(rcode int) time.Duration {
+	switch rcode {
+	case dns.RcodeRefused:
+		return lt.refused
+	case dns.RcodeServerFailure:
+		return lt.servfail
+	}
+	return 0
 }
 
 // newEntry packs m, the answer the plugin chain wrote for q, as CoreDNS's server would before fitting it to a
@@ -161,16 +173,18 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, lt lifetimes, buf
 	if m.Truncated {
 		return nil, errTruncated
 	}
-	refused := m.Rcode == dns.RcodeRefused && lt.refused > 0
-	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError && !refused {
-		return nil, errRcode
+	var heldFailure time.Duration
+	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError {
+		if heldFailure = lt.failure(m.Rcode); heldFailure == 0 {
+			return nil, errRcode
+		}
 	}
 
 	extra, opt, err := splitOPT(m.Extra)
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{stored: now.Sub(clockBase), rcode: uint8(m.Rcode)} // #nosec G115 -- NOERROR, NXDOMAIN or REFUSED
+	e := &entry{stored: now.Sub(clockBase), rcode: uint8(m.Rcode)} // #nosec G115 -- NOERROR, NXDOMAIN, SERVFAIL or REFUSED
 	if opt != nil {
 		// The server keeps an OPT the chain wrote, sets the client's payload size, clears the extended
 		// RCODE and version, keeps the flags and adds DO when the client set it. Options would be kept
@@ -185,8 +199,8 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, lt lifetimes, buf
 		}
 	}
 
-	if refused {
-		e.lifetime = lt.refused
+	if heldFailure > 0 {
+		e.lifetime = heldFailure
 	} else if e.lifetime, err = lifetimeOf(m, extra, lt.min, lt.max); err != nil {
 		return nil, err
 	}

@@ -200,15 +200,19 @@ func parse(c *caddy.Controller) (*WireCache, error) {
 					return nil, c.Errf("ttl MIN (%s) is larger than MAX (%s)", args[0], args[1])
 				}
 				wc.MinTTL, wc.MaxTTL = minTTL, maxTTL
-			case "refused":
+			case "refused", "servfail":
 				if len(args) != 1 {
 					return nil, c.ArgErr()
 				}
 				d, err := time.ParseDuration(args[0])
-				if err != nil || d != 0 && (d < time.Second || d > MaxRefusedFor) {
-					return nil, c.Errf("refused: %q is not 0s (hold none) or a duration from 1s to %s", args[0], MaxRefusedFor)
+				if err != nil || d != 0 && (d < time.Second || d > MaxFailureFor) {
+					return nil, c.Errf("%s: %q is not 0s (hold none) or a duration from 1s to %s", property, args[0], MaxFailureFor)
 				}
-				wc.RefusedFor = d
+				if property == "refused" {
+					wc.RefusedFor = d
+				} else {
+					wc.ServfailFor = d
+				}
 			case "serve_stale":
 				wc.PreferPositive = false
 				if n := len(args); n > 0 && args[n-1] == "prefer_positive" {

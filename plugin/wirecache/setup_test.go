@@ -30,6 +30,7 @@ func TestSetup(t *testing.T) {
 		rcvbuf   int64         // -1: none (0)
 		tcp      [2]int        // tcp_connections; zero: the defaults
 		refused  time.Duration // -1: none (0); zero: the default
+		servfail time.Duration // -1: none (0); zero: the default
 	}{
 		{input: "wirecache", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true},
 		{input: "wirecache", keys: []string{"cluster.local:53"}, zones: []string{"cluster.local."}, capacity: DefaultCapacity, max: DefaultMaxTTL},
@@ -91,6 +92,10 @@ func TestSetup(t *testing.T) {
 		{input: "wirecache {\n refused -5s\n}", wantErr: "not 0s (hold none) or a duration from 1s to 5m0s"},
 		{input: "wirecache {\n refused 5\n}", wantErr: "not 0s (hold none) or a duration from 1s to 5m0s"},
 		{input: "wirecache {\n refused\n}", wantErr: "Wrong argument count"},
+		{input: "wirecache {\n servfail 10s\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, servfail: 10 * time.Second},
+		{input: "wirecache {\n servfail 0s\n refused 0s\n}", zones: []string{"."}, capacity: DefaultCapacity, max: DefaultMaxTTL, allZones: true, servfail: -1, refused: -1},
+		{input: "wirecache {\n servfail 301s\n}", wantErr: "servfail: \"301s\" is not 0s (hold none) or a duration from 1s to 5m0s"},
+		{input: "wirecache {\n servfail 1s 2s\n}", wantErr: "Wrong argument count"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.input, func(t *testing.T) {
@@ -129,6 +134,15 @@ func TestSetup(t *testing.T) {
 			}
 			if wc.RefusedFor != tc.refused {
 				t.Errorf("refused %v, want %v", wc.RefusedFor, tc.refused)
+			}
+			switch tc.servfail {
+			case 0:
+				tc.servfail = DefaultServfailFor
+			case -1:
+				tc.servfail = 0
+			}
+			if wc.ServfailFor != tc.servfail {
+				t.Errorf("servfail %v, want %v", wc.ServfailFor, tc.servfail)
 			}
 			if tc.tcp == [2]int{} {
 				tc.tcp = [2]int{DefaultTCPConnections, DefaultTCPConnectionsPerClient}

@@ -35,12 +35,13 @@ const (
 	DefaultStaleFor = time.Hour
 	DefaultStaleTTL = 30
 
-	// DefaultRefusedFor is how long an answer REFUSED is held: as long as the cache plugin holds a SERVFAIL
-	// by default, and clamp's least TTL for a denial.
-	DefaultRefusedFor = 5 * time.Second
-	// MaxRefusedFor bounds RefusedFor: RFC 2308's bound on holding a failure, which the cache plugin
-	// applies to SERVFAIL.
-	MaxRefusedFor = 5 * time.Minute
+	// DefaultRefusedFor and DefaultServfailFor are how long an answer REFUSED or SERVFAIL is held: as long
+	// as the cache plugin holds a SERVFAIL by default, and clamp's least TTL for a denial.
+	DefaultRefusedFor  = 5 * time.Second
+	DefaultServfailFor = 5 * time.Second
+	// MaxFailureFor bounds RefusedFor and ServfailFor: RFC 2308's bound on holding a server failure, which
+	// the cache plugin applies to SERVFAIL.
+	MaxFailureFor = 5 * time.Minute
 
 	// DefaultRecvBuffer is the receive buffer the fast path asks for its UDP socket: about a thousand
 	// queries, half a second of a busy node's, where the kernel's default (net.core.rmem_default, 208 KiB
@@ -68,10 +69,11 @@ type WireCache struct {
 	MaxMemory int64
 	MinTTL    time.Duration
 	MaxTTL    time.Duration
-	// RefusedFor is how long an answer whose rcode is REFUSED is held (it has no TTL of its own); zero
-	// holds none. Only a REFUSED the plugin chain wrote is held: not one the server writes for a plugin's
-	// error (forward's max_concurrent), which wirecache never sees.
-	RefusedFor time.Duration
+	// RefusedFor and ServfailFor are how long an answer whose rcode is REFUSED or SERVFAIL is held (it has
+	// no TTL of its own); zero holds none. Only a reply the plugin chain wrote is held, the upstream's: not
+	// one the server writes for a plugin's error (forward's max_concurrent REFUSED, the SERVFAIL for an
+	// upstream that did not answer), which wirecache never sees.
+	RefusedFor, ServfailFor time.Duration
 
 	// StaleFor, when positive, keeps an entry that expired up to this long, to answer its query when the
 	// plugin chain fails (RFC 8767, serve-stale); StaleTTL is the TTL of such an answer. StaleWait, when
@@ -123,7 +125,7 @@ type WireCache struct {
 
 // New returns a WireCache with the default settings for every zone. It's up to the caller to set Next.
 func New() *WireCache {
-	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, RefusedFor: DefaultRefusedFor, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer,
+	wc := &WireCache{Zones: []string{"."}, Capacity: DefaultCapacity, MaxMemory: DefaultMaxMemory, MinTTL: DefaultMinTTL, MaxTTL: DefaultMaxTTL, RefusedFor: DefaultRefusedFor, ServfailFor: DefaultServfailFor, now: time.Now, FastPath: true, RecvBuffer: DefaultRecvBuffer,
 		TCPConnections: DefaultTCPConnections, TCPConnectionsPerClient: DefaultTCPConnectionsPerClient}
 	wc.buffers.New = func() any {
 		b := make([]byte, 0, maxEntryWire+optLen)
@@ -536,7 +538,7 @@ func (r *recorder) Write(b []byte) (int, error) {
 
 // lifetimes returns the bounds newEntry puts on how long an answer is held.
 func (wc *WireCache) lifetimes() lifetimes {
-	return lifetimes{min: wc.MinTTL, max: wc.MaxTTL, refused: wc.RefusedFor}
+	return lifetimes{min: wc.MinTTL, max: wc.MaxTTL, refused: wc.RefusedFor, servfail: wc.ServfailFor}
 }
 
 // ttlFloorer is a plugin behind wirecache that keeps the TTLs of the answers it passes at or above a

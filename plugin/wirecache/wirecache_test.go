@@ -120,11 +120,11 @@ func TestSeparateEntries(t *testing.T) {
 
 func TestNeverCached(t *testing.T) {
 	for name, req := range map[string]*dns.Msg{
-		"SERVFAIL":           newQuery("fail.example.org.", dns.TypeA, 1232, false),
-		"REFUSED, refused 0": newQuery("refused.example.org.", dns.TypeA, 1232, false),
+		"SERVFAIL, servfail 0s": newQuery("fail.example.org.", dns.TypeA, 1232, false),
+		"REFUSED, refused 0s":   newQuery("refused.example.org.", dns.TypeA, 1232, false),
 	} {
 		f := newFixture(t)
-		f.wc.RefusedFor = 0
+		f.wc.RefusedFor, f.wc.ServfailFor = 0, 0
 		for i := range 3 {
 			if _, called := f.ask(req.Copy(), udp4Client); !called {
 				t.Errorf("%s: query %d answered by wirecache", name, i+1)

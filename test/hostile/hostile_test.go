@@ -24,7 +24,7 @@ func TestHostileClients(t *testing.T) {
 	r := newRig(t, serveNodeCache)
 	t.Run("odd queries answered as CoreDNS answers them", r.testOddQueries)
 	r.alive(t)
-	t.Run("a refused question asked again", r.testRefusedAgain)
+	t.Run("a failed question asked again", r.testFailedAgain)
 	t.Run("one ID from many ports", r.testSameID)
 	t.Run("connections that send nothing", r.testSilent)
 	t.Run("attack", r.testAttack)

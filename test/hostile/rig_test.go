@@ -107,6 +107,7 @@ type rig struct {
 	ref      *simnode.Process
 	backend  *simnode.Process // the cluster DNS's CoreDNS, behind upstream
 	upstream *brokenUpstream
+	ext      *simnode.Process // the node's resolver, which logs every query
 	// hostile is the hostile Pod's side of the attacks, in this process; hostileNS its network namespace
 	// (simnode.Node.AddPod).
 	hostile   hostilePod
@@ -145,7 +146,7 @@ func newRig(tb testing.TB, server string) *rig {
 		tb.Fatalf("the cluster DNS's CoreDNS: %v\n%s", err, r.backend.Output())
 	}
 	r.upstream = startBrokenUpstream(tb, n)
-	n.StartExternalResolver(bin)
+	r.ext = n.StartExternalResolver(bin)
 
 	// The cache under test: the shipped configuration, as the DaemonSet renders it.
 	base := corefile.Config{
