@@ -117,32 +117,14 @@ func TestSetup(t *testing.T) {
 			if tc.memory == 0 {
 				tc.memory = DefaultMaxMemory
 			}
-			switch tc.rcvbuf {
-			case 0:
-				tc.rcvbuf = DefaultRecvBuffer
-			case -1:
-				tc.rcvbuf = 0
+			if want := defaulted(tc.rcvbuf, DefaultRecvBuffer); wc.RecvBuffer != want {
+				t.Errorf("rcvbuf %d, want %d", wc.RecvBuffer, want)
 			}
-			if wc.RecvBuffer != tc.rcvbuf {
-				t.Errorf("rcvbuf %d, want %d", wc.RecvBuffer, tc.rcvbuf)
+			if want := defaulted(tc.refused, DefaultRefusedFor); wc.RefusedFor != want {
+				t.Errorf("refused %v, want %v", wc.RefusedFor, want)
 			}
-			switch tc.refused {
-			case 0:
-				tc.refused = DefaultRefusedFor
-			case -1:
-				tc.refused = 0
-			}
-			if wc.RefusedFor != tc.refused {
-				t.Errorf("refused %v, want %v", wc.RefusedFor, tc.refused)
-			}
-			switch tc.servfail {
-			case 0:
-				tc.servfail = DefaultServfailFor
-			case -1:
-				tc.servfail = 0
-			}
-			if wc.ServfailFor != tc.servfail {
-				t.Errorf("servfail %v, want %v", wc.ServfailFor, tc.servfail)
+			if want := defaulted(tc.servfail, DefaultServfailFor); wc.ServfailFor != want {
+				t.Errorf("servfail %v, want %v", wc.ServfailFor, want)
 			}
 			if tc.tcp == [2]int{} {
 				tc.tcp = [2]int{DefaultTCPConnections, DefaultTCPConnectionsPerClient}
@@ -167,6 +149,17 @@ func TestSetup(t *testing.T) {
 			}
 		})
 	}
+}
+
+// defaulted reads a TestSetup field that is zero for the default and -1 for none (0).
+func defaulted[T ~int64](v, def T) T {
+	switch v {
+	case 0:
+		return def
+	case -1:
+		return 0
+	}
+	return v
 }
 
 func TestSetupAddsPlugin(t *testing.T) {
