@@ -118,9 +118,12 @@ func (e *entry) age(now time.Time) time.Duration { return now.Sub(clockBase) - e
 // expired reports whether e's lifetime has run out at now.
 func (e *entry) expired(now time.Time) bool { return e.age(now) >= e.lifetime }
 
-// answers reports whether e answers with data or its denial (NOERROR or NXDOMAIN), not a failure held
-// (SERVFAIL, REFUSED): only those are served stale.
-func (e *entry) answers() bool { return e.rcode == dns.RcodeSuccess || e.rcode == dns.RcodeNameError }
+// answers reports whether e answers with data or its denial, not a failure held (SERVFAIL, REFUSED): only
+// those are served stale.
+func (e *entry) answers() bool { return isAnswer(int(e.rcode)) }
+
+// isAnswer reports whether rcode gives data or its denial (NOERROR or NXDOMAIN), as opposed to a failure.
+func isAnswer(rcode int) bool { return rcode == dns.RcodeSuccess || rcode == dns.RcodeNameError }
 
 // staleBeyond reports whether e expired more than d before now.
 func (e *entry) staleBeyond(now time.Time, d time.Duration) bool { return e.age(now) >= e.lifetime+d }
@@ -174,7 +177,7 @@ func newEntry(m *dns.Msg, q *query, key string, now time.Time, lt lifetimes, buf
 		return nil, errTruncated
 	}
 	var heldFailure time.Duration
-	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError {
+	if !isAnswer(m.Rcode) {
 		if heldFailure = lt.failure(m.Rcode); heldFailure == 0 {
 			return nil, errRcode
 		}

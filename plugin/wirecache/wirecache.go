@@ -351,9 +351,7 @@ func (d *detachedWriter) Write(b []byte) (int, error) {
 // refreshed reports whether res, the chain's reply to a query whose entry has expired, replaces that
 // entry for the client: NOERROR and NXDOMAIN do; any other rcode is a failure to refresh, and the expired
 // entry answers instead (RFC 8767 section 4, as the cache plugin's serve_stale decides).
-func refreshed(res *dns.Msg) bool {
-	return res.Rcode == dns.RcodeSuccess || res.Rcode == dns.RcodeNameError
-}
+func refreshed(res *dns.Msg) bool { return isAnswer(res.Rcode) }
 
 // refreshes reports whether res replaces the expired entry e for the client: it is refreshed, and under
 // PreferPositive, when e has answer records, res has some too (a NXDOMAIN or an empty answer does not
