@@ -36,15 +36,7 @@ func (r *rig) testFailedAgain(t *testing.T) {
 		t.Run(c.status, func(t *testing.T) {
 			ask := func(tr transport, server string) answer {
 				id := uint16(rand.N(1 << 16))
-				var a answer
-				if err := r.n.Do(r.n.PodNS, func() error {
-					reply, closed, err := exchange(tr, server, msg(c.name, c.qtype, dns.ClassINET, edns(1232))(id), askTimeout)
-					a = describe(reply, closed, err, id)
-					return nil
-				}); err != nil {
-					t.Fatal(err)
-				}
-				return a
+				return r.askFromPod(tr, server, msg(c.name, c.qtype, dns.ClassINET, edns(1232))(id), id, askTimeout)
 			}
 			want := ask(udp, pairs[0].ref)
 			if !strings.Contains(want.text, "status: "+c.status) {

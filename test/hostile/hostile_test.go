@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // pair is one address of the cache under test and the same address of the reference.
@@ -115,18 +116,7 @@ func (r *rig) compareCase(c oddCase) (first string, problems []string) {
 	run := func(s step) (silent bool) {
 		id := uint16(rand.N(1 << 16))
 		query := c.queries[s.query](id)
-		ask := func(server string) answer {
-			var reply []byte
-			var closed bool
-			var err error
-			if doErr := r.n.Do(r.n.PodNS, func() error {
-				reply, closed, err = exchange(s.tr, server, query, timeout)
-				return nil
-			}); doErr != nil {
-				err = doErr
-			}
-			return describe(reply, closed, err, id)
-		}
+		ask := func(server string) answer { return r.askFromPod(s.tr, server, query, id, timeout) }
 		var got, want answer
 		var wg sync.WaitGroup
 		wg.Go(func() { got = ask(s.pair.cache) })
@@ -180,4 +170,19 @@ func brief(text string) string {
 		return text
 	}
 	return strings.TrimPrefix(lines[0], ";; ") + "; " + strings.TrimPrefix(lines[1], ";; ")
+}
+
+// askFromPod sends query, whose ID is id, to server over tr from the well-behaved Pod's namespace, and
+// returns the reply as the comparison sees it (describe); failing to enter the namespace is its error.
+func (r *rig) askFromPod(tr transport, server string, query []byte, id uint16, timeout time.Duration) answer {
+	var reply []byte
+	var closed bool
+	var err error
+	if doErr := r.n.Do(r.n.PodNS, func() error {
+		reply, closed, err = exchange(tr, server, query, timeout)
+		return nil
+	}); doErr != nil {
+		err = doErr
+	}
+	return describe(reply, closed, err, id)
 }

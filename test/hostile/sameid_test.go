@@ -27,15 +27,7 @@ func (r *rig) testSameID(t *testing.T) {
 		for _, tr := range []transport{udp, tcp} {
 			for _, name := range []string{w("sameid-" + tr.name + "-" + p.name), "kubernetes.default.svc.cluster.local."} {
 				query := msg(name, dns.TypeA, dns.ClassINET, edns(1232))(id)
-				var want answer
-				err := r.n.Do(r.n.PodNS, func() error {
-					reply, closed, err := exchange(tr, p.ref, query, askTimeout)
-					want = describe(reply, closed, err, id)
-					return nil
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
+				want := r.askFromPod(tr, p.ref, query, id, askTimeout)
 				count := udpSockets
 				if tr.tcp {
 					count = tcpConns
