@@ -11,11 +11,12 @@
 #   ATTACKS=decoy bench/hostile.sh # the flood aimed at a port nothing listens on in the attacker's own
 #                                  # namespace: what the attacker's own work takes from the well-behaved Pod
 #                                  # on the shared machine, with nothing for the cache to do
-#   CACHE=unbound ATTACKS=flood bench/hostile.sh
+#   CACHE=unbound ATTACKS=idle,held,flood bench/hostile.sh
 #                                  # the control: unbound (Debian's) where the cache serves, on the same
 #                                  # link, addresses and NOTRACK rules, configured as bench/cpu.sh configures
-#                                  # it; the flood and the decoy only (its TCP defaults, 10 connections per
-#                                  # thread, would make the connection attacks a test of its settings)
+#                                  # it, with the cache's bound on TCP connections in all (1,024) and CoreDNS's
+#                                  # 3 s read timeout; every attack but loris, since unbound does not close a
+#                                  # connection that sends a byte within each idle timeout
 #   OVER_TCP=1 ATTACKS=decoy bench/hostile.sh
 #                                  # every lookup of the well-behaved Pod over TCP (0: none; default 10,
 #                                  # every tenth): what each transport costs the cache, in the undisturbed

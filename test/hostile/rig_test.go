@@ -21,6 +21,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/privtest"
+	"github.com/nodelocaldns/nodelocaldns/plugin/wirecache"
 	"github.com/nodelocaldns/nodelocaldns/test/simnode"
 )
 
@@ -212,11 +213,40 @@ func (r *rig) startUnbound(cfg corefile.Config) {
 		r.t.Fatalf("writing unbound's configuration with %s: %v\n%s", script, err, out)
 	}
 	conf := filepath.Join(r.dir, "unbound.conf")
+	r.boundUnboundTCP(conf)
 	r.cache = r.n.Start(r.n.NodeNS, unbound, "-d", "-c", conf)
 	for _, addr := range []string{linkLocal, kubeDNS} {
 		if err := r.n.WaitForDNS(r.n.PodNS, "udp", addr, "kubernetes.default.svc.cluster.local", 20*time.Second); err != nil {
 			r.t.Fatalf("unbound on %s: %v\n%s", addr, err, r.cache.Output())
 		}
+	}
+}
+
+// boundUnboundTCP adds to unbound's configuration at conf the bounds the node cache puts on TCP
+// connections, as far as unbound has them, so that the connection attacks meet the same limits in both:
+// wirecache's bound on the connections held in all, and CoreDNS's 3 s read timeout for a connection that
+// sends no whole query (unbound shortens it further as its connections fill up). Its defaults, 10
+// connections per thread each held 30 s, would make the attacks a test of those settings instead. It gets
+// no bound per client: Debian's unbound 1.17.1 counts a client's connections under tcp-connection-limit
+// but never counts them down as they close (with a limit of 2, a client's third sequential query over TCP
+// and every one after it are closed unanswered), so the well-behaved Pod's lookups over TCP would fail
+// once it had made that many.
+func (r *rig) boundUnboundTCP(conf string) {
+	r.t.Helper()
+	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		r.t.Fatalf("bounding unbound's TCP connections: %v", err)
+	}
+	defer f.Close()
+	lines := fmt.Sprintf("server:\n    incoming-num-tcp: %d\n    tcp-idle-timeout: 3000\n", wirecache.DefaultTCPConnections)
+	if _, err := f.WriteString(lines); err != nil {
+		r.t.Fatalf("bounding unbound's TCP connections: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		r.t.Fatalf("bounding unbound's TCP connections: %v", err)
+	}
+	if out, err := exec.Command("unbound-checkconf", conf).CombinedOutput(); err != nil {
+		r.t.Fatalf("unbound-checkconf rejects %s with the TCP bounds: %v\n%s", conf, err, out)
 	}
 }
 
