@@ -4,6 +4,7 @@ package wirecache
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 
 	"github.com/coredns/coredns/core/dnsserver"
@@ -17,3 +18,6 @@ func startFastPath(*dnsserver.Server, netip.AddrPort, fastRouting, *connLimits, 
 }
 
 func (*fastPath) stop() {}
+
+// readsWhole returns c: only Linux's fast path has a TCP listener of its own (wholeReadConn).
+func readsWhole(c net.Conn) net.Conn { return c }

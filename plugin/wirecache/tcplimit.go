@@ -214,7 +214,7 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.open.Inc()
-		return &limitedConn{Conn: c, release: func() {
+		return &limitedConn{Conn: readsWhole(c), release: func() {
 			l.limits.release(client)
 			l.open.Dec()
 			// Connections that end together (a client's idle ones, each on a goroutine of its own readied

@@ -15,8 +15,8 @@ import (
 )
 
 // transport is how a query is sent: over UDP, or over TCP with the bytes (length prefix included) written
-// in pieces that end at splits, each piece its own segment (Go's TCP sockets send with TCP_NODELAY, and
-// the writer pauses between pieces).
+// in pieces that end at splits (a negative split counts from the end), each piece its own segment (Go's
+// TCP sockets send with TCP_NODELAY, and the writer pauses between pieces).
 type transport struct {
 	name   string
 	tcp    bool
@@ -26,8 +26,10 @@ type transport struct {
 var (
 	udp = transport{name: "udp"}
 	tcp = transport{name: "tcp", tcp: true}
-	// tcpSplit splits the length prefix itself, then the header, then the rest.
-	tcpSplit = transport{name: "tcp-split", tcp: true, splits: []int{1, 2, 7}}
+	// tcpSplit splits the length prefix itself, then the header, then the rest, and sends the last byte
+	// alone: a server that waits for more than the bytes still to come (a receive low-water mark set too
+	// high) would never answer.
+	tcpSplit = transport{name: "tcp-split", tcp: true, splits: []int{1, 2, 7, -1}}
 )
 
 // splitPause is how long a split writer waits between pieces: long enough that each goes out on its own.
@@ -81,6 +83,9 @@ func exchange(tr transport, server string, query []byte, timeout time.Duration) 
 func writeSplit(c net.Conn, b []byte, splits []int) error {
 	from := 0
 	for _, at := range splits {
+		if at < 0 {
+			at += len(b)
+		}
 		if at <= from || at >= len(b) {
 			continue
 		}
