@@ -12,11 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/coredns/caddy"
+	"github.com/nodelocaldns/nodelocaldns/internal/procfd"
 	"golang.org/x/sys/unix"
 )
 
@@ -150,21 +149,14 @@ func parseTCPDeferAccept(v string) (time.Duration, error) {
 // setListenerOptions sets opts on every TCP socket of this process that listens, and returns on how many
 // it set them. Setting them again on a listener that has them already changes nothing.
 func setListenerOptions(opts ...listenerOption) (int, error) {
-	entries, err := os.ReadDir("/proc/self/fd")
+	fds, err := procfd.Sockets()
 	if err != nil {
-		return 0, fmt.Errorf("listing this process's files: %w", err)
+		return 0, err
 	}
 	n := 0
 	var errs []error
-	for _, e := range entries {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		// A file closed since the listing fails one of these and is passed over.
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || !strings.HasPrefix(target, "socket:") {
-			continue
-		}
+	for _, fd := range fds {
+		// A socket closed since the listing fails one of these and is passed over.
 		if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
 			continue
 		}

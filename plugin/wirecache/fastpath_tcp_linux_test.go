@@ -60,6 +60,19 @@ func waitTCPConnections(t *testing.T, server string, n float64) {
 	}
 }
 
+// startSteeredTCPFront starts CoreDNS with tcpFrontCorefile on a free port of 127.0.0.1 and returns the
+// port, the address and the server's name once its UDP and TCP groups are steered to the fast path.
+func startSteeredTCPFront(t *testing.T) (port int, addr, server string) {
+	t.Helper()
+	port = freePort(t)
+	addr = fmt.Sprintf("127.0.0.1:%d", port)
+	server = "dns://" + addr
+	startCoreDNS(t, fmt.Sprintf(tcpFrontCorefile, port))
+	waitFastPathSteered(t, server, addr)
+	waitTCPSteered(t, server)
+	return port, addr, server
+}
+
 // tcpClient is a connection to the cache from one client address.
 type tcpClient struct {
 	conn *dns.Conn
@@ -100,12 +113,7 @@ func (c *tcpClient) ask(name string) (*dns.Msg, error) {
 // a connection beyond either is reset at once, the connections it holds keep being answered, other clients
 // are answered while one is at its bound, and a connection that closes makes room.
 func TestTCPFrontBoundsConnections(t *testing.T) {
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	server := "dns://" + addr
-	startCoreDNS(t, fmt.Sprintf(tcpFrontCorefile, port))
-	waitFastPathSteered(t, server, addr)
-	waitTCPSteered(t, server)
+	_, addr, server := startSteeredTCPFront(t)
 	refusedClients, refusedAll := counterValue2(t, server, refusedClient), counterValue2(t, server, refusedTotal)
 
 	held := map[string][]*tcpClient{}

@@ -9,10 +9,10 @@ import (
 	"io"
 	"net"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/procfd"
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
@@ -172,12 +172,7 @@ func TestWholeReadConn(t *testing.T) {
 // server's socket waits for the rest of the query with the low-water mark at the bytes still to come (so
 // the kernel does not wake it for each), the query's last byte alone completes it, and the answer comes.
 func TestTCPFrontWaitsForWholeQueries(t *testing.T) {
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	server := "dns://" + addr
-	startCoreDNS(t, fmt.Sprintf(tcpFrontCorefile, port))
-	waitFastPathSteered(t, server, addr)
-	waitTCPSteered(t, server)
+	port, addr, _ := startSteeredTCPFront(t)
 
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -226,18 +221,11 @@ func acceptedSocket(t *testing.T, client *net.TCPAddr, port int) int {
 // this process has none.
 func findAccepted(t *testing.T, client *net.TCPAddr, port int) int {
 	t.Helper()
-	entries, err := os.ReadDir("/proc/self/fd")
+	fds, err := procfd.Sockets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || !strings.HasPrefix(target, "socket:") {
-			continue
-		}
+	for _, fd := range fds {
 		local, err := unix.Getsockname(fd)
 		if err != nil {
 			continue
