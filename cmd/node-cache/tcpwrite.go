@@ -149,13 +149,14 @@ func parseTCPDeferAccept(v string) (time.Duration, error) {
 // setListenerOptions sets opts on every TCP socket of this process that listens, and returns on how many
 // it set them. Setting them again on a listener that has them already changes nothing.
 func setListenerOptions(opts ...listenerOption) (int, error) {
-	fds, err := procfd.Sockets()
+	socks, err := procfd.Sockets()
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	var errs []error
-	for _, fd := range fds {
+	for _, s := range socks {
+		fd := s.FD
 		// A socket closed since the listing fails one of these and is passed over.
 		if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
 			continue

@@ -28,14 +28,18 @@ func TestSockets(t *testing.T) {
 	if err := raw.Control(func(fd uintptr) { sock = int(fd) }); err != nil {
 		t.Fatal(err)
 	}
-	fds, err := Sockets()
+	socks, err := Sockets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(fds, sock) {
-		t.Errorf("Sockets() = %v, without the listener's descriptor %d", fds, sock)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(sock, &st); err != nil {
+		t.Fatal(err)
 	}
-	if slices.Contains(fds, int(f.Fd())) {
-		t.Errorf("Sockets() = %v, with %s's descriptor %d", fds, os.DevNull, f.Fd())
+	if !slices.Contains(socks, Socket{FD: sock, Inode: st.Ino}) {
+		t.Errorf("Sockets() = %v, without the listener's descriptor %d and inode %d", socks, sock, st.Ino)
+	}
+	if slices.ContainsFunc(socks, func(s Socket) bool { return s.FD == int(f.Fd()) }) {
+		t.Errorf("Sockets() = %v, with %s's descriptor %d", socks, os.DevNull, f.Fd())
 	}
 }

@@ -221,11 +221,12 @@ func acceptedSocket(t *testing.T, client *net.TCPAddr, port int) int {
 // this process has none.
 func findAccepted(t *testing.T, client *net.TCPAddr, port int) int {
 	t.Helper()
-	fds, err := procfd.Sockets()
+	socks, err := procfd.Sockets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, fd := range fds {
+	for _, s := range socks {
+		fd := s.FD
 		local, err := unix.Getsockname(fd)
 		if err != nil {
 			continue

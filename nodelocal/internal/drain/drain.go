@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/procfd"
 	"golang.org/x/sys/unix"
 )
 
@@ -232,31 +233,16 @@ func Idle(network Network, endpoints []netip.AddrPort) (bool, error) {
 	return true, nil
 }
 
-// ownInodes maps the inode of each socket the calling process has open to its file descriptor. It lists the
-// descriptors in /proc/self/fd and asks each for its inode with fstat, which costs a fraction of reading the
-// link that names it (a path walk through procfs): a look at a group on a node with thousands of open
-// connections does it for each.
+// ownInodes maps the inode of each socket the calling process has open to its file descriptor
+// (procfd.Sockets, cheap enough for a look at a group on a node with thousands of open connections).
 func ownInodes() (map[uint64]int, error) {
-	dir, err := os.Open("/proc/self/fd")
+	socks, err := procfd.Sockets()
 	if err != nil {
-		return nil, fmt.Errorf("list this process's file descriptors: %w", err)
+		return nil, err
 	}
-	names, err := dir.Readdirnames(-1)
-	dir.Close()
-	if err != nil {
-		return nil, fmt.Errorf("list this process's file descriptors: %w", err)
-	}
-	out := make(map[uint64]int, len(names))
-	var st unix.Stat_t
-	for _, name := range names {
-		fd, err := strconv.Atoi(name)
-		if err != nil {
-			continue
-		}
-		if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-			continue // closed meanwhile (the directory's own descriptor among them), or not a socket
-		}
-		out[st.Ino] = fd
+	out := make(map[uint64]int, len(socks))
+	for _, s := range socks {
+		out[s.Inode] = s.FD
 	}
 	return out, nil
 }
