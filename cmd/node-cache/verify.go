@@ -21,7 +21,6 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/nodelocaldns/nodelocaldns/corefile"
 	"github.com/nodelocaldns/nodelocaldns/nodelocal"
@@ -148,16 +147,15 @@ type verifier struct {
 	lookupEnv       func(string) (string, bool)
 
 	results []verifyResult
-	// lookups are the server and source port of every UDP query answered, for the conntrack check.
-	lookups []udpLookup
+	// trackedBefore holds the conntrack entries for the cache's addresses from before the first lookup
+	// (noteTrackedBefore); nil when the conntrack check is skipped.
+	trackedBefore map[udpFlow]bool
+	// lookups are the flows of the UDP queries answered, for the conntrack check; uncheckable counts, by
+	// server address, those answered from a port conntrack had an entry for before.
+	lookups     []udpFlow
+	uncheckable map[netip.Addr]int
 	// answeredOn holds the cache's addresses that answered at least one lookup (any rcode).
 	answeredOn map[netip.Addr]bool
-}
-
-// udpLookup is one UDP query -verify sent the cache and got an answer to.
-type udpLookup struct {
-	server  netip.AddrPort
-	srcPort uint16
 }
 
 func (v *verifier) add(check, target string, ok bool, format string, args ...any) {
@@ -186,6 +184,9 @@ func runVerify(ctx context.Context, w io.Writer, fs *flag.FlagSet, nc *nodeCache
 		v.skip("rules", "notrack", "%s", rulesSkip)
 	} else {
 		v.checkRules(ctx)
+	}
+	if rulesSkip == "" {
+		v.noteTrackedBefore()
 	}
 	v.checkAnswers(ctx)
 	v.checkUpstream(ctx)
@@ -442,12 +443,22 @@ func (v *verifier) answered(ctx context.Context, server netip.AddrPort, what, na
 	}
 }
 
-// lookup sends one query to server, recording the source port of UDP queries for the conntrack check.
+// lookup sends one query to server, recording the flows of UDP queries for the conntrack check.
 func (v *verifier) lookup(ctx context.Context, network string, server netip.AddrPort, name string, qtype uint16) (*dns.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, v.timeout)
 	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, network, server.String())
+	var (
+		conn      net.Conn
+		flow      udpFlow
+		checkable bool
+		err       error
+	)
+	if network == "udp" {
+		conn, flow, checkable, err = v.dialUDP(ctx, server)
+	} else {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, network, server.String())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -459,10 +470,10 @@ func (v *verifier) lookup(ctx context.Context, network string, server netip.Addr
 	r, _, err := c.ExchangeWithConnContext(ctx, m, &dns.Conn{Conn: conn})
 	if err == nil {
 		v.answeredOn[server.Addr()] = true
-	}
-	if local, ok := conn.LocalAddr().(*net.UDPAddr); ok && err == nil {
-		// An answered lookup went through the whole path, both ways: it is the one conntrack must not know.
-		v.lookups = append(v.lookups, udpLookup{server: server, srcPort: uint16(local.Port)})
+		if network == "udp" {
+			// An answered lookup went through the whole path, both ways: it is the one conntrack must not know.
+			v.recordUDPLookup(flow, checkable)
+		}
 	}
 	return r, err
 }
@@ -485,51 +496,6 @@ func answers(r *dns.Msg, qtype uint16) []string {
 		}
 	}
 	return out
-}
-
-// checkConntrack looks for conntrack entries of the UDP lookups just made: with the NOTRACK rules in place
-// there are none.
-func (v *verifier) checkConntrack() {
-	tracked := map[netip.Addr][]string{}
-	byAddr := map[netip.Addr]int{}
-	for _, l := range v.lookups {
-		byAddr[l.server.Addr()]++
-	}
-	listed := map[netlink.InetFamily][]*netlink.ConntrackFlow{}
-	for _, ip := range v.listen {
-		fam := netlink.InetFamily(unix.AF_INET)
-		if ip.Is6() {
-			fam = unix.AF_INET6
-		}
-		flows, ok := listed[fam]
-		if !ok {
-			var err error
-			flows, err = netlink.ConntrackTableList(netlink.ConntrackTable, fam)
-			if err != nil {
-				v.add("conntrack", ip.String(), false, "listing the conntrack table: %v", err)
-				listed[fam] = nil
-				continue
-			}
-			listed[fam] = flows
-		}
-		for _, f := range flows {
-			dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
-			if f.Forward.Protocol != unix.IPPROTO_UDP || dst.Unmap() != ip {
-				continue
-			}
-			if slices.Contains(v.lookups, udpLookup{server: netip.AddrPortFrom(ip, f.Forward.DstPort), srcPort: f.Forward.SrcPort}) {
-				tracked[ip] = append(tracked[ip], strconv.Itoa(int(f.Forward.SrcPort)))
-			}
-		}
-		if byAddr[ip] == 0 {
-			v.add("conntrack", ip.String(), false, "no lookup was answered, so none could be checked")
-		} else if t := tracked[ip]; len(t) > 0 {
-			v.add("conntrack", ip.String(), false, "%d of %d lookups are tracked (source ports %s): the NOTRACK rules do not apply",
-				len(t), byAddr[ip], strings.Join(t, ", "))
-		} else {
-			v.add("conntrack", ip.String(), true, "none of %d lookups tracked", byAddr[ip])
-		}
-	}
 }
 
 // checkHTTP checks that the plugin called what (health, ready) answers path with 200 OK where the Corefile

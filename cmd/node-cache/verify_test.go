@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -236,6 +237,38 @@ func TestVerifyUpstreamCorefile(t *testing.T) {
 		if r.result == "FAIL" {
 			t.Errorf("row %s %s fails on a healthy node", r.check, r.target)
 		}
+	}
+}
+
+// TestVerifyConntrackEntriesFromBefore runs -verify on a healthy node whose conntrack table already holds
+// entries to the cache's addresses from most source ports, as the node's own lookups from before the
+// NOTRACK rules were in place leave them (the cache's probes of its own addresses, for one). -verify sends
+// its lookups from ports with no entry, so none of those entries reads as one of its lookups being tracked.
+// The node's source ports are narrowed to 32, with entries for 24 of them, so that lookups from any port
+// would hit one nearly every time.
+func TestVerifyConntrackEntriesFromBefore(t *testing.T) {
+	vn := startVerifyNode(t, simnode.IPTablesMode)
+	const first, ports, stale = 40000, 32, 24
+	if _, err := vn.In(context.Background(), vn.NodeNS, "sysctl", "-w",
+		fmt.Sprintf("net.ipv4.ip_local_port_range=%d %d", first, first+ports-1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
+		for port := first; port < first+stale; port++ {
+			// The node's own lookup of the address goes out from the address itself.
+			if _, err := vn.In(context.Background(), vn.NodeNS, "conntrack", "-I", "-p", "udp", "-s", ip, "-d", ip,
+				"--sport", strconv.Itoa(port), "--dport", "53", "-t", "300"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	out, code := vn.verify(t)
+	t.Logf("healthy node, conntrack entries from before:\n%s", out)
+	if code != 0 {
+		t.Errorf("-verify exited %d on a healthy node, want 0", code)
+	}
+	for _, ip := range []string{simnode.LinkLocalIP, simnode.KubeDNSClusterIP} {
+		expectRow(t, out, "conntrack", ip, "ok")
 	}
 }
 
