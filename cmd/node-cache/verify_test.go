@@ -244,11 +244,11 @@ func TestVerifyUpstreamCorefile(t *testing.T) {
 // entries to the cache's addresses from most source ports, as the node's own lookups from before the
 // NOTRACK rules were in place leave them (the cache's probes of its own addresses, for one). -verify sends
 // its lookups from ports with no entry, so none of those entries reads as one of its lookups being tracked.
-// The node's source ports are narrowed to 32, with entries for 24 of them, so that lookups from any port
-// would hit one nearly every time.
+// The node's source ports are narrowed to 40, with entries for 28 of them, so that lookups from any port
+// would hit one nearly every time; the 12 others leave room for the cache's own UDP sockets.
 func TestVerifyConntrackEntriesFromBefore(t *testing.T) {
 	vn := startVerifyNode(t, simnode.IPTablesMode)
-	const first, ports, stale = 40000, 32, 24
+	const first, ports, stale = 40000, 40, 28
 	if _, err := vn.In(context.Background(), vn.NodeNS, "sysctl", "-w",
 		fmt.Sprintf("net.ipv4.ip_local_port_range=%d %d", first, first+ports-1)); err != nil {
 		t.Fatal(err)
