@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -46,11 +47,8 @@ func trackedUDP(fam netlink.InetFamily, servers []netip.Addr) (map[udpFlow]bool,
 		}
 		src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
 		dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
-		fl := udpFlow{client: netip.AddrPortFrom(src.Unmap(), f.Forward.SrcPort), server: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort)}
-		for _, s := range servers {
-			if fl.server.Addr() == s {
-				out[fl] = true
-			}
+		if slices.Contains(servers, dst.Unmap()) {
+			out[udpFlow{client: netip.AddrPortFrom(src.Unmap(), f.Forward.SrcPort), server: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort)}] = true
 		}
 	}
 	return out, nil
@@ -62,12 +60,14 @@ func trackedUDP(fam netlink.InetFamily, servers []netip.Addr) (map[udpFlow]bool,
 // cannot be listed is left for checkConntrack to report.
 func (v *verifier) noteTrackedBefore() {
 	v.trackedBefore, v.uncheckable = map[udpFlow]bool{}, map[netip.Addr]int{}
-	byFamily := map[netlink.InetFamily][]netip.Addr{}
+	listed := map[netlink.InetFamily]bool{}
 	for _, ip := range v.listen {
-		byFamily[conntrackFamily(ip)] = append(byFamily[conntrackFamily(ip)], ip)
-	}
-	for fam, addrs := range byFamily {
-		flows, err := trackedUDP(fam, addrs)
+		fam := conntrackFamily(ip)
+		if listed[fam] {
+			continue
+		}
+		listed[fam] = true
+		flows, err := trackedUDP(fam, v.listen)
 		if err != nil {
 			continue
 		}
