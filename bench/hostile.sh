@@ -26,9 +26,10 @@
 # namespaces simnode.Node adds), as on a node: the attacker's goroutines, garbage collector, sockets and
 # ports are not the well-behaved Pod's, and neither shares the benchmark's process, which holds the relay in
 # front of the cluster DNS. The attacker runs Go with one P (GOMAXPROCS=1, as node-cache does) whatever the
-# environment gives the cache, so that its runtime's hand-offs between threads do not take the shared cores. Each round measures the well-behaved Pod (4 workers asking the hot names, every
-# tenth lookup over TCP) twice: back to back, as fast as the cache answers, and paced at 2,000 lookups a
-# second (what a busy node's Pods ask in all); each for 3 s with no attack and for 3 s under the attack (idle
+# environment gives the cache, so that its runtime's hand-offs between threads do not take the shared cores.
+# Each round measures the well-behaved Pod (4 workers asking the hot names, every tenth lookup over TCP)
+# twice: back to back, as fast as the cache answers, and paced at 2,000 lookups a second (what a busy node's
+# Pods ask in all); each for 3 s with no attack and for 3 s under the attack (idle
 # and slow-loris connections opened again as the cache closes them, held connections, a flood of odd queries
 # at 1,000/s), alternating which comes first. It prints each round, with the lookups over TCP apart and where
 # each window's CPU time went (the cache, the well-behaved Pod, the attacker, the cluster DNS, the relay, and
