@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -54,26 +55,36 @@ func trackedUDP(fam netlink.InetFamily, servers []netip.Addr) (map[udpFlow]bool,
 	return out, nil
 }
 
+// conntrackListing is one family's UDP conntrack entries to the cache's addresses (trackedUDP), or why they
+// could not be listed.
+type conntrackListing struct {
+	flows map[udpFlow]bool
+	err   error
+}
+
+// listTracked lists the UDP conntrack entries to the cache's addresses, once for each family they are in.
+func (v *verifier) listTracked() map[netlink.InetFamily]conntrackListing {
+	listed := map[netlink.InetFamily]conntrackListing{}
+	for _, ip := range v.listen {
+		fam := conntrackFamily(ip)
+		if _, ok := listed[fam]; ok {
+			continue
+		}
+		var l conntrackListing
+		l.flows, l.err = trackedUDP(fam, v.listen)
+		listed[fam] = l
+	}
+	return listed
+}
+
 // noteTrackedBefore records the conntrack entries the cache's addresses have before -verify sends a
 // lookup: entries left by the node's own lookups from before the NOTRACK rules were in place (the cache's
 // probes of its own addresses, say), which dialUDP keeps its lookups' source ports clear of. A table that
 // cannot be listed is left for checkConntrack to report.
 func (v *verifier) noteTrackedBefore() {
 	v.trackedBefore, v.uncheckable = map[udpFlow]bool{}, map[netip.Addr]int{}
-	listed := map[netlink.InetFamily]bool{}
-	for _, ip := range v.listen {
-		fam := conntrackFamily(ip)
-		if listed[fam] {
-			continue
-		}
-		listed[fam] = true
-		flows, err := trackedUDP(fam, v.listen)
-		if err != nil {
-			continue
-		}
-		for fl := range flows {
-			v.trackedBefore[fl] = true
-		}
+	for _, l := range v.listTracked() {
+		maps.Copy(v.trackedBefore, l.flows)
 	}
 }
 
@@ -122,18 +133,9 @@ func (v *verifier) checkConntrack() {
 	for _, l := range v.lookups {
 		byAddr[l.server.Addr()]++
 	}
-	type listing struct {
-		flows map[udpFlow]bool
-		err   error
-	}
-	listed := map[netlink.InetFamily]listing{}
+	listed := v.listTracked()
 	for _, ip := range v.listen {
-		fam := conntrackFamily(ip)
-		tbl, ok := listed[fam]
-		if !ok {
-			tbl.flows, tbl.err = trackedUDP(fam, v.listen)
-			listed[fam] = tbl
-		}
+		tbl := listed[conntrackFamily(ip)]
 		if tbl.err != nil {
 			v.add("conntrack", ip.String(), false, "%v", tbl.err)
 			continue
