@@ -1,7 +1,6 @@
 package upstreamsvc
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -39,7 +38,6 @@ const (
 	pipeWriteTimeout = 2 * time.Second
 	maxPipeConns     = 8
 	pipeRedial       = time.Second // after a failed dial, forward carries the queries this long
-	pipeReadBuffer   = 16 << 10
 	// pipeWriteBuffer bounds the frames queued on a connection while a write is under way; a query that
 	// finds no room waits for the writer to take them (or for the write to fail, after pipeWriteTimeout).
 	pipeWriteBuffer = 64 << 10
@@ -152,11 +150,16 @@ type pipeSeries struct {
 	duration       [dns.RcodeBadCookie + 1]series.Slot[prometheus.Observer] // by rcode
 }
 
-// streamIO is how a pipelined connection is read and written: the net.Conn, or on Linux raw calls on its
-// socket (streamio_linux.go).
+// streamIO is how a pipelined connection is read and written: through the net.Conn (connIO), or on Linux
+// with raw calls on its socket (streamio_linux.go).
 type streamIO interface {
-	io.Reader
 	io.Writer
+	// readMessages reads the connection's messages, each after its length, and hands each to deliver, which
+	// must not keep it, until the connection fails or ends: it returns why.
+	readMessages(deliver func(msg []byte)) error
+	// shutdown ends the connection both ways without waiting for its reader, which may be the caller: its
+	// reading then ends, and pipeConn.fail closes it.
+	shutdown()
 }
 
 // pipeConn is one pipelined TCP connection.
@@ -609,13 +612,14 @@ func (c *pipeConn) retireLocked() {
 	c.closeIfDoneLocked()
 }
 
-// closeIfDoneLocked closes a retired connection that has nothing pending (late answers it no longer
-// waits for); its reader then ends.
+// closeIfDoneLocked ends a retired connection that has nothing pending (late answers it no longer waits
+// for); its reader then ends, and closes it. Closing it here would wait for the reader's read under way,
+// which may be the caller's (an answer delivered) or wait for c.mu.
 func (c *pipeConn) closeIfDoneLocked() {
 	if c.retired && len(c.pending) == 0 && c.err == nil {
 		c.err = errPipeClosed
 		c.wakeLocked()
-		c.c.Close()
+		c.io.shutdown()
 	}
 }
 
@@ -638,21 +642,7 @@ func (c *pipeConn) fail(err error) {
 
 // read reads the answers and hands each to its query, until the connection closes.
 func (c *pipeConn) read() {
-	r := bufio.NewReaderSize(c.io, pipeReadBuffer)
-	var length [2]byte
-	buf := make([]byte, dns.MaxMsgSize)
-	for {
-		if _, err := io.ReadFull(r, length[:]); err != nil {
-			c.fail(err)
-			return
-		}
-		n := int(binary.BigEndian.Uint16(length[:]))
-		if _, err := io.ReadFull(r, buf[:n]); err != nil {
-			c.fail(err)
-			return
-		}
-		c.deliver(buf[:n])
-	}
+	c.fail(c.io.readMessages(c.deliver))
 }
 
 // deliver hands the answer in b to the query waiting for it. The answer to a query given up on frees its

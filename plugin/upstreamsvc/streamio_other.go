@@ -4,4 +4,4 @@ package upstreamsvc
 
 import "net"
 
-func newStreamIO(c net.Conn) (streamIO, error) { return c, nil }
+func newStreamIO(c net.Conn) (streamIO, error) { return connIO{c}, nil }

@@ -34,17 +34,17 @@ type fastReader struct {
 
 	// The state of the current recvmmsg and sendmmsg calls, and the calls bound once, so that a batch
 	// allocates nothing.
-	recvNow, sendNow     bool
+	sendNow              bool
 	recvN, sendN, sent   int
 	recvErrno, sendErrno syscall.Errno
-	recvFn, sendFn       func(fd uintptr) bool
+	serveFn, sendFn      func(fd uintptr) bool
 	recvOnce, sendOnce   func(fd uintptr)
 }
 
 func newFastReader(fp *fastPath) *fastReader {
 	r := &fastReader{fp: fp, arena: make([]byte, 0, fastArena)}
-	r.recvFn, r.sendFn = r.recv, r.send
-	r.recvOnce = func(fd uintptr) { r.recv(fd) }
+	r.serveFn, r.sendFn = r.serve, r.send
+	r.recvOnce = func(fd uintptr) { r.recvN, r.recvErrno = r.recv(fd) }
 	r.sendOnce = func(fd uintptr) { r.send(fd) }
 	for i := range r.hdrs {
 		r.iovs[i].Base = &r.in[i][0]
@@ -56,23 +56,57 @@ func newFastReader(fp *fastPath) *fastReader {
 	return r
 }
 
-// run is the reader that waits for datagrams: it reads what the socket holds, a batch at a time, and wakes
-// a helper when a batch comes full.
+// run is the reader that waits for datagrams: it reads what the socket holds, a batch at a time, answers it and
+// waits again, all within one raw read of the socket (serve), and wakes a helper when a batch comes full.
 func (r *fastReader) run() {
 	for {
-		n, err := r.read(false)
-		if err != nil {
-			if !r.fp.stopping.Load() {
-				// Closing the socket takes it out of the group, so no query waits where nobody reads.
-				log.Errorf("fast path on %s: reading: %v; closing it, the plugin chain's socket answers instead", r.fp.srv.Addr, err)
-				r.fp.conn.Close()
-				return
-			}
-			// Stopping: whatever is queued is answered without waiting for more.
-			r.readQueued()
+		r.recvErrno = 0
+		err := r.fp.raw.Read(r.serveFn)
+		if err == nil && r.recvErrno != 0 {
+			err = os.NewSyscallError("recvmmsg", r.recvErrno)
+		}
+		if err == nil {
+			continue // serve saw the fast path stopping: the next Read returns the deadline stop set
+		}
+		if !r.fp.stopping.Load() {
+			// Closing the socket takes it out of the group, so no query waits where nobody reads.
+			log.Errorf("fast path on %s: reading: %v; closing it, the plugin chain's socket answers instead", r.fp.srv.Addr, err)
+			r.fp.conn.Close()
 			return
 		}
+		// Stopping: whatever is queued is answered without waiting for more.
+		r.readQueued()
+		return
+	}
+}
+
+// serve is run's call as syscall.RawConn.Read takes it (false asks to wait for the socket): it reads a batch
+// and answers it, again and again, and asks to wait once a batch comes short. A batch shorter than asked for
+// means that recvmmsg found the socket empty, so serve waits without the read that would find it empty
+// again: one system call less each time a query wakes the cache, of the five or so it makes for a hit at a
+// few thousand queries a second (unbound reads until the socket is empty). Waiting within the same Read is
+// what makes that safe: Read resets the socket's readiness only when it starts, so a datagram that came
+// after the read, even one whose readiness the runtime's poller took while the batch was answered, ends the
+// wait. A new Read for each batch would reset it, and leave such a datagram unread until the next one came.
+func (r *fastReader) serve(fd uintptr) bool {
+	for {
+		n, e := r.recv(fd)
+		switch {
+		case e == unix.EAGAIN:
+			return false
+		case e == unix.EINTR:
+			continue
+		case e != 0:
+			r.recvErrno = e
+			return true
+		}
 		r.handle(n)
+		if r.fp.stopping.Load() {
+			return true
+		}
+		if n < fastBatch {
+			return false
+		}
 	}
 }
 
@@ -96,7 +130,7 @@ func (r *fastReader) help() {
 // comes short.
 func (r *fastReader) readQueued() {
 	for {
-		n, err := r.read(true)
+		n, err := r.readNow()
 		if err != nil || n == 0 {
 			return
 		}
@@ -107,24 +141,14 @@ func (r *fastReader) readQueued() {
 	}
 }
 
-// read fills the batch with what the socket holds, waiting for one datagram at least unless now is set.
-func (r *fastReader) read(now bool) (int, error) {
-	for i := range r.hdrs {
-		r.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
-		r.hdrs[i].Hdr.Flags = 0
-		r.hdrs[i].Len = 0
-	}
-	r.recvNow, r.recvN, r.recvErrno = now, 0, 0
-	var err error
-	if now {
-		// A read deadline has passed; Control runs the call regardless.
-		err = r.fp.raw.Control(r.recvOnce)
-	} else {
-		err = r.fp.raw.Read(r.recvFn)
+// readNow fills the batch with what the socket holds, without waiting. Control makes the call even once a
+// read deadline has passed (stop sets one).
+func (r *fastReader) readNow() (int, error) {
+	r.recvN, r.recvErrno = 0, 0
+	if err := r.fp.raw.Control(r.recvOnce); err != nil {
+		return 0, err
 	}
 	switch {
-	case err != nil:
-		return 0, err
 	case r.recvErrno == unix.EAGAIN, r.recvErrno == unix.EINTR:
 		return 0, nil
 	case r.recvErrno != 0:
@@ -133,19 +157,20 @@ func (r *fastReader) read(now bool) (int, error) {
 	return r.recvN, nil
 }
 
-// recv is the recvmmsg call of read, as syscall.RawConn.Read takes it: false asks to wait for the socket.
+// recv fills the batch with what the socket holds, in one recvmmsg call that never waits (MSG_DONTWAIT).
 //
-// recv and send make their calls raw: they never block (MSG_DONTWAIT), and a call through unix.Syscall6
-// tells the Go scheduler it entered the kernel, which wakes the runtime's monitor thread (sysmon) whenever
-// the process was idle. A cache answering a few thousand queries a second is idle between most of them,
-// and each such wake-up costs it two context switches and the monitor's 20 µs ticks while it works.
-func (r *fastReader) recv(fd uintptr) bool {
-	n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), fastBatch, unix.MSG_DONTWAIT, 0, 0)
-	if e == unix.EAGAIN && !r.recvNow {
-		return false
+// recv and send make their calls raw: a call through unix.Syscall6 tells the Go scheduler it entered the
+// kernel, which wakes the runtime's monitor thread (sysmon) whenever the process was idle. A cache answering
+// a few thousand queries a second is idle between most of them, and each such wake-up costs it two context
+// switches and the monitor's 20 µs ticks while it works.
+func (r *fastReader) recv(fd uintptr) (int, syscall.Errno) {
+	for i := range r.hdrs {
+		r.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		r.hdrs[i].Hdr.Flags = 0
+		r.hdrs[i].Len = 0
 	}
-	r.recvN, r.recvErrno = int(n), e
-	return true
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), fastBatch, unix.MSG_DONTWAIT, 0, 0)
+	return int(n), e
 }
 
 // handle answers the hits of a batch of n datagrams, passes the rest on, and sends the replies.

@@ -77,6 +77,41 @@ func TestReaderAsksForHelpOnlyWhenBatchesComeFull(t *testing.T) {
 	r.readQueued()
 }
 
+// TestReaderReadsEveryBurst checks that the waiting reader reads every datagram of a burst with no later one
+// to wake it. Once a batch comes short the reader waits without the read that would find the socket empty,
+// which loses no datagram only while its wait keeps the readiness the runtime's poller took as a batch was
+// answered; bursts of every size up to three batches, sent while the reader answers their first datagrams,
+// give the poller that chance (with more than one P an idle one polls the network meanwhile).
+func TestReaderReadsEveryBurst(t *testing.T) {
+	fp, client := newTestReaderPath(t)
+	fp.helpBeside = false // run alone reads
+	done := make(chan struct{})
+	go func() {
+		newFastReader(fp).run()
+		close(done)
+	}()
+	for burst := range 2000 {
+		n := 1 + burst%(3*fastBatch)
+		sendQueries(t, client, n)
+		for i := range n {
+			select {
+			case <-fp.chain.queue:
+			case <-time.After(10 * time.Second): // bounds a failure only
+				t.Fatalf("burst %d: %d of its %d datagrams were not read", burst, n-i, n)
+			}
+		}
+	}
+	fp.stopping.Store(true)
+	if err := fp.conn.SetReadDeadline(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // bounds a failure only
+		t.Fatal("the reader did not return once stopped")
+	}
+}
+
 // TestHelperEndsWhenStopped checks that an idle helper returns once the readers are stopped.
 func TestHelperEndsWhenStopped(t *testing.T) {
 	fp, _ := newTestReaderPath(t)
