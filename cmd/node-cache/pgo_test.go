@@ -129,8 +129,14 @@ func splitFuncName(name string) (pkg, fn string, err error) {
 	// A method value's wrapper is the method's name with -fm.
 	rest = strings.TrimSuffix(rest, "-fm")
 	parts := strings.Split(strings.NewReplacer("(*", "", ")", "").Replace(rest), ".")
+	closure := false
 	for len(parts) > 1 && closureSuffix.MatchString(parts[len(parts)-1]) {
-		parts = parts[:len(parts)-1]
+		parts, closure = parts[:len(parts)-1], true
+	}
+	// A closure of a function inlined into the method declared has the inlined function's name after the
+	// method's: "(*T).M.Inlined.func1".
+	if closure && strings.HasPrefix(rest, "(*") && len(parts) > 2 {
+		parts = parts[:2]
 	}
 	if len(parts) > 2 {
 		return "", "", fmt.Errorf("%q: cannot tell the declared function from %q", name, rest)
@@ -205,6 +211,7 @@ func TestSplitFuncName(t *testing.T) {
 		{"github.com/nodelocaldns/nodelocaldns.init.0", modulePath, "init"},
 		{"main.main.func1.2", "main", "main"},
 		{"github.com/nodelocaldns/nodelocaldns/plugin/wirecache.(*fastReader).recv-fm", modulePath + "/plugin/wirecache", "fastReader.recv"},
+		{"github.com/nodelocaldns/nodelocaldns/plugin/upstreamsvc.(*rawStream).readMessages.Serve.func2", modulePath + "/plugin/upstreamsvc", "rawStream.readMessages"},
 	} {
 		pkg, fn, err := splitFuncName(tc.name)
 		if err != nil || pkg != tc.pkg || fn != tc.fn {

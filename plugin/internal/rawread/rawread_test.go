@@ -1,0 +1,80 @@
+package rawread
+
+import (
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestServeWaitsOnEmptyAndEndsOnDone drives Serve over a UDP socket with a read that reports Empty without
+// reading, More once, and Done: Serve calls read again at once after More, waits for a datagram after Empty
+// (one sent later ends the wait), and returns nil after Done.
+func TestServeWaitsOnEmptyAndEndsOnDone(t *testing.T) {
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := []Result{Empty, More, Done}
+	calls := make(chan int, len(results))
+	done := make(chan error, 1)
+	go func() {
+		i := 0
+		done <- Serve(rc, func(uintptr) Result {
+			r := results[i]
+			i++
+			calls <- i
+			return r
+		})
+	}()
+	if got := <-calls; got != 1 {
+		t.Fatalf("call %d first", got)
+	}
+	select {
+	case <-calls:
+		t.Fatal("Serve read again after Empty without a datagram")
+	case <-time.After(50 * time.Millisecond): // a failure shows within this; a pass waits it out
+	}
+	client, err := net.DialUDP("udp", nil, conn.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	for want := 2; want <= 3; want++ {
+		if got := <-calls; got != want {
+			t.Fatalf("call %d, want %d", got, want)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Serve returned %v after Done", err)
+	}
+}
+
+// TestServeReturnsWhyWaitingFailed checks that a read deadline ends a wait with its error.
+func TestServeReturnsWhyWaitingFailed(t *testing.T) {
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.SetReadDeadline(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	err = Serve(rc, func(uintptr) Result { return Empty })
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Serve returned %v, want %v", err, os.ErrDeadlineExceeded)
+	}
+}
