@@ -4,23 +4,31 @@ import (
 	"errors"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 )
+
+// listenUDP returns a UDP socket on loopback and its raw descriptor.
+func listenUDP(t *testing.T) (*net.UDPConn, syscall.RawConn) {
+	t.Helper()
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, rc
+}
 
 // TestServeWaitsOnEmptyAndEndsOnDone drives Serve over a UDP socket with a read that reports Empty without
 // reading, More once, and Done: Serve calls read again at once after More, waits for a datagram after Empty
 // (one sent later ends the wait), and returns nil after Done.
 func TestServeWaitsOnEmptyAndEndsOnDone(t *testing.T) {
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, rc := listenUDP(t)
 	results := []Result{Empty, More, Done}
 	calls := make(chan int, len(results))
 	done := make(chan error, 1)
@@ -61,19 +69,11 @@ func TestServeWaitsOnEmptyAndEndsOnDone(t *testing.T) {
 
 // TestServeReturnsWhyWaitingFailed checks that a read deadline ends a wait with its error.
 func TestServeReturnsWhyWaitingFailed(t *testing.T) {
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, rc := listenUDP(t)
 	if err := conn.SetReadDeadline(time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	err = Serve(rc, func(uintptr) Result { return Empty })
+	err := Serve(rc, func(uintptr) Result { return Empty })
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Serve returned %v, want %v", err, os.ErrDeadlineExceeded)
 	}
