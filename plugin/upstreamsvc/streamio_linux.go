@@ -62,7 +62,7 @@ func (s *rawStream) readMessages(deliver func(msg []byte)) error {
 	)
 	msg.Iov = &iov
 	msg.SetIovlen(1)
-	err := rawread.Serve(s.rc, func(fd uintptr) rawread.Result {
+	err := rawread.Serve(s.rc, func(fd uintptr) (rawread.Result, syscall.Errno) {
 		room := f.room()
 		iov.Base = &room[0]
 		iov.SetLen(len(room))
@@ -73,22 +73,17 @@ func (s *rawStream) readMessages(deliver func(msg []byte)) error {
 		}
 		n, _, e := unix.RawSyscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT)
 		switch {
-		case e == unix.EAGAIN:
-			return rawread.Empty
-		case e == unix.EINTR:
-			return rawread.More
 		case e != 0:
-			failed = e
-			return rawread.Done
+			return rawread.Done, e
 		case n == 0:
 			failed = io.EOF
-			return rawread.Done
+			return rawread.Done, 0
 		}
 		f.add(int(n), deliver)
 		if held, ok := stillHeld(&msg); ok && held == 0 {
-			return rawread.Empty
+			return rawread.Empty, 0
 		}
-		return rawread.More
+		return rawread.More, 0
 	})
 	if err != nil {
 		return err

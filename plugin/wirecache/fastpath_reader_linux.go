@@ -39,7 +39,7 @@ type fastReader struct {
 	sendNow              bool
 	recvN, sendN, sent   int
 	recvErrno, sendErrno syscall.Errno
-	serveFn              func(fd uintptr) rawread.Result
+	serveFn              func(fd uintptr) (rawread.Result, syscall.Errno)
 	sendFn               func(fd uintptr) bool
 	recvOnce, sendOnce   func(fd uintptr)
 }
@@ -63,10 +63,9 @@ func newFastReader(fp *fastPath) *fastReader {
 // and waits again (serve), and wakes a helper when a batch comes full.
 func (r *fastReader) run() {
 	for {
-		r.recvErrno = 0
 		err := rawread.Serve(r.fp.raw, r.serveFn)
-		if err == nil && r.recvErrno != 0 {
-			err = os.NewSyscallError("recvmmsg", r.recvErrno)
+		if errno := syscall.Errno(0); errors.As(err, &errno) {
+			err = os.NewSyscallError("recvmmsg", errno)
 		}
 		if err == nil {
 			continue // serve saw the fast path stopping: the next Serve returns the deadline stop set
@@ -86,25 +85,19 @@ func (r *fastReader) run() {
 // serve reads a batch and answers it, as rawread.Serve calls it. A batch shorter than asked for means that
 // recvmmsg found the socket empty, so it waits then without the read that would find it empty again: a
 // query that wakes the cache costs four system calls instead of five.
-func (r *fastReader) serve(fd uintptr) rawread.Result {
+func (r *fastReader) serve(fd uintptr) (rawread.Result, syscall.Errno) {
 	n, e := r.recv(fd)
-	switch {
-	case e == unix.EAGAIN:
-		return rawread.Empty
-	case e == unix.EINTR:
-		return rawread.More
-	case e != 0:
-		r.recvErrno = e
-		return rawread.Done
+	if e != 0 {
+		return rawread.Done, e
 	}
 	r.handle(n)
 	switch {
 	case r.fp.stopping.Load():
-		return rawread.Done
+		return rawread.Done, 0
 	case n < fastBatch:
-		return rawread.Empty
+		return rawread.Empty, 0
 	}
-	return rawread.More
+	return rawread.More, 0
 }
 
 // help is a reader that helps run's: woken when a batch came full (more may be queued), it reads what the

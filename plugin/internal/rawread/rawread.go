@@ -25,19 +25,33 @@ const (
 	Done
 )
 
-// Serve calls read with the socket's descriptor within one rc.Read, again as long as it returns More, and
-// after waiting for the socket when it returns Empty, until it returns Done. It returns nil then, or why
-// waiting failed (a read deadline passed, the socket closed). read must not block; it may hand on what it
-// read, but must not close the socket or wait for one who does (closing waits for the Read under way).
-func Serve(rc syscall.RawConn, read func(fd uintptr) Result) error {
-	return rc.Read(func(fd uintptr) bool {
+// Serve calls read with the socket's descriptor within one rc.Read: again at once after More (or the errno
+// EINTR), again once the socket is ready after Empty (or EAGAIN), and not again after Done or any other
+// errno, whatever the Result with it. It returns nil after Done, that errno, or why waiting failed (a read
+// deadline passed, the socket closed). read's system calls must not block; what it does with what it read
+// may wait, but not for the socket to close (closing waits for the Read under way).
+func Serve(rc syscall.RawConn, read func(fd uintptr) (Result, syscall.Errno)) error {
+	var failed error
+	err := rc.Read(func(fd uintptr) bool {
 		for {
-			switch read(fd) {
-			case Empty:
+			res, e := read(fd)
+			switch {
+			case e == syscall.EAGAIN:
 				return false
-			case Done:
+			case e == syscall.EINTR:
+				continue
+			case e != 0:
+				failed = e
+				return true
+			case res == Empty:
+				return false
+			case res == Done:
 				return true
 			}
 		}
 	})
+	if err != nil {
+		return err
+	}
+	return failed
 }

@@ -34,11 +34,11 @@ func TestServeWaitsOnEmptyAndEndsOnDone(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		i := 0
-		done <- Serve(rc, func(uintptr) Result {
+		done <- Serve(rc, func(uintptr) (Result, syscall.Errno) {
 			r := results[i]
 			i++
 			calls <- i
-			return r
+			return r, 0
 		})
 	}()
 	if got := <-calls; got != 1 {
@@ -67,14 +67,41 @@ func TestServeWaitsOnEmptyAndEndsOnDone(t *testing.T) {
 	}
 }
 
-// TestServeReturnsWhyWaitingFailed checks that a read deadline ends a wait with its error.
+// TestServeReturnsWhyWaitingFailed checks that Serve waits after Empty, and after EAGAIN whatever the Result
+// with it, calling read no more, until a read deadline ends the wait with its error. (A machine too busy to
+// start Serve before the deadline has it return that error before any call.)
 func TestServeReturnsWhyWaitingFailed(t *testing.T) {
 	conn, rc := listenUDP(t)
-	if err := conn.SetReadDeadline(time.Now()); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		res Result
+		e   syscall.Errno
+	}{{Empty, 0}, {More, syscall.EAGAIN}} {
+		if err := conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		err := Serve(rc, func(uintptr) (Result, syscall.Errno) {
+			calls++
+			return tc.res, tc.e
+		})
+		if calls > 1 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("after %v, %v: Serve returned %v after %d calls, want %v after one at most", tc.res, tc.e, err, calls, os.ErrDeadlineExceeded)
+		}
 	}
-	err := Serve(rc, func(uintptr) Result { return Empty })
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("Serve returned %v, want %v", err, os.ErrDeadlineExceeded)
+}
+
+// TestServeReturnsTheReadsErrno checks that EINTR has read called again at once, and that any other errno
+// ends Serve with it, whatever the Result with it.
+func TestServeReturnsTheReadsErrno(t *testing.T) {
+	_, rc := listenUDP(t)
+	errnos := []syscall.Errno{syscall.EINTR, syscall.ECONNRESET}
+	calls := 0
+	err := Serve(rc, func(uintptr) (Result, syscall.Errno) {
+		e := errnos[calls]
+		calls++
+		return More, e
+	})
+	if calls != 2 || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("Serve returned %v after %d calls, want %v after 2", err, calls, syscall.ECONNRESET)
 	}
 }
